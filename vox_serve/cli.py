@@ -1,0 +1,237 @@
+"""The command line: one table of flags, a parser per runtime, and the frozen config built from it.
+
+Every flag of the specification is listed here with the runtimes that have it and whether this
+build implements it. A flag that is not implemented yet is rejected with a clear message; a
+flag that only the Rust runtime has is dropped with a warning when the Python runtime serves
+because the extension is missing (the specification's fallback rule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from vox_serve.config import (
+    BenchConfig,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    ServerConfig,
+    VoxConfig,
+)
+
+PY, RS = "python", "rust"
+BOTH = frozenset({PY, RS})
+SCHEDULER_TYPES_PY = ("base", "online", "offline", "input_streaming", "deadline")
+IMPLEMENTED_SCHEDULERS = ("base", "input_streaming")
+
+
+class CliError(Exception):
+    """A command line the selected runtime cannot serve; the message says why."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    names: tuple[str, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    runtimes: frozenset[str] = BOTH
+    implemented: bool = True
+
+    @property
+    def dest(self) -> str:
+        return self.names[0].lstrip("-").replace("-", "_")
+
+
+def _f(*names: str, runtimes: frozenset[str] = BOTH, implemented: bool = True, **kwargs: Any) -> Flag:
+    return Flag(names, kwargs, runtimes, implemented)
+
+
+RUST_ONLY = frozenset({RS})
+PY_ONLY = frozenset({PY})
+
+FLAGS: tuple[Flag, ...] = (
+    _f("--runtime", choices=["auto", "python", "rust"], default="auto",
+       help="serving runtime: auto (Rust if available, else Python), python or rust"),
+    # model
+    _f("--model", default="orpheus",
+       help="model name (orpheus, orpheus-tiny), Hugging Face id or local checkpoint directory"),
+    _f("--load-format", choices=["auto", "safetensors", "dummy"], default="auto",
+       help="dummy: random weights of the configured shapes (no checkpoint needed)"),
+    _f("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
+       help="weight/activation dtype (auto: bfloat16 on GPU, float32 on CPU)"),
+    _f("--device", default="auto", help="auto, cpu, cuda or cuda:N"),
+    _f("--codec-path", default=None, help="codec checkpoint directory (default: inside the model's)"),
+    _f("--seed", type=int, default=0, help="seed of dummy weights and of requests without a seed"),
+    # cache
+    _f("--page-size", type=int, default=16, help="tokens per KV page"),
+    _f("--max-num-pages", type=int, default=None, help="KV pages (default: sized from free memory)"),
+    _f("--gpu-memory-utilization", type=float, default=0.9,
+       help="fraction of GPU memory for weights, graphs and KV"),
+    _f("--max-model-len", type=int, default=None, help="longest prompt + generation, in tokens"),
+    # scheduling
+    _f("--scheduler-type", default="base", help="base, online, offline, input_streaming (Python runtime)"),
+    _f("--max-batch-size", type=int, default=64, help="largest decode batch"),
+    _f("--max-prefill-tokens", type=int, default=2048, help="token budget of one prefill step"),
+    _f("--max-prefill-seqs", type=int, default=16, help="sequences in one prefill step"),
+    _f("--max-codec-batch", type=int, default=64, help="audio chunks decoded in one codec step"),
+    _f("--detokenize-interval", type=int, default=None, help="frames per audio chunk (default: model's)"),
+    _f("--max-queued-requests", type=int, default=1024, help="waiting requests before new ones are refused"),
+    # execution
+    _f("--attention-backend", choices=["auto", "torch", "flashinfer"], default="auto",
+       help="paged attention implementation"),
+    _f("--disable-cuda-graph", action="store_true", runtimes=PY_ONLY,
+       help="run stages eagerly instead of replaying CUDA graphs"),
+    _f("--enable-nvtx", action="store_true", runtimes=PY_ONLY, implemented=False,
+       help="NVTX ranges around stages and scheduling"),
+    _f("--async-scheduling", action="store_true", runtimes=PY_ONLY, implemented=False,
+       help="plan the next step while the GPU runs the current one"),
+    # several GPUs
+    _f("--dp-size", type=int, default=1, help="replicas, one per GPU"),
+    _f("--enable-disaggregation", action="store_true", implemented=False,
+       help="LM on GPU 0, codec on GPU 1"),
+    # server
+    _f("--host", default="127.0.0.1", help="HTTP bind address"),
+    _f("--port", type=int, default=8000, help="HTTP port"),
+    # bench mode
+    _f("--bench-requests", type=int, default=0, help="run N concurrent requests without HTTP and exit"),
+    _f("--bench-out", default=None, help="directory for one WAV per bench request"),
+    _f("--bench-text", default=BenchConfig.text, help="text of each bench request"),
+    _f("--bench-kwargs", default="{}",
+       help='JSON request fields: voice, sampling overrides, max_tokens, ignore_eos, seed'),
+    _f("--bench-audio", default=None, help="reference audio file for bench requests"),
+    _f("--greedy", action="store_true", help="greedy sampling: repeatable output"),
+    _f("--trace-dir", default=None, implemented=False, help="write JSON-lines traces here"),
+    # Rust runtime only
+    _f("--overlap-detok", action="store_true", runtimes=RUST_ONLY, help="codec on its own stream"),
+    _f("--async-engines", action="store_true", runtimes=RUST_ONLY, help="LM and codec lanes in flight"),
+    _f("--sm-modes", default=None, runtimes=RUST_ONLY, help="codec SM partitions, e.g. 24,48"),
+    _f("--sm-mode", default=None, runtimes=RUST_ONLY, help="partition index or adaptive"),
+    _f("--urgent-lane", action="store_true", runtimes=RUST_ONLY, help="high-priority codec lane"),
+    _f("--lm-segments", default=None, runtimes=RUST_ONLY, help="depth or layers:<k>"),
+    _f("--gate", action="store_true", runtimes=RUST_ONLY, help="gate segments on codec batches"),
+    _f("--codec-gpu", type=int, default=None, runtimes=RUST_ONLY, help="GPU of every replica's codec"),
+    _f("--codec-sms", type=int, default=None, runtimes=RUST_ONLY, help="SMs of the shared codec partition"),
+    _f("--prompt-builder", default=None, runtimes=RUST_ONLY, help="python: build prompts in Python"),
+    _f("--deadline-startup-ms", type=float, default=None, runtimes=RUST_ONLY),
+    _f("--deadline-max-prefill-deferral-ms", type=float, default=None, runtimes=RUST_ONLY),
+    _f("--deadline-lm-step-ms", type=float, default=None, runtimes=RUST_ONLY),
+    _f("--deadline-codec-ms", type=float, default=None, runtimes=RUST_ONLY),
+    _f("--deadline-prefill-ms", type=float, default=None, runtimes=RUST_ONLY),
+)
+
+_FLAG_BY_DEST = {f.dest: f for f in FLAGS}
+
+
+def build_parser(runtime: str | None) -> argparse.ArgumentParser:
+    """The parser of one runtime's flags (`None`: every flag, used before the runtime is known).
+
+    Defaults are SUPPRESSed so that `given_flags` can tell which flags the user actually wrote.
+    """
+    prog = "vox-serve" if runtime is None else f"vox-serve --runtime {runtime}"
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve a speech language model (text-to-speech) over HTTP, or benchmark it.",
+        argument_default=argparse.SUPPRESS,
+    )
+    for flag in FLAGS:
+        if runtime is not None and runtime not in flag.runtimes:
+            continue
+        kwargs = dict(flag.kwargs)
+        default = kwargs.pop("default", False if kwargs.get("action") == "store_true" else None)
+        help_text = kwargs.pop("help", "")
+        if default not in (None, False):
+            help_text = f"{help_text} (default: {default})".strip()
+        if not flag.implemented:
+            help_text = f"{help_text} [not implemented yet]".strip()
+        parser.add_argument(*flag.names, help=help_text or None, **kwargs)
+    return parser
+
+
+def _defaults() -> dict[str, Any]:
+    out = {}
+    for flag in FLAGS:
+        is_bool = flag.kwargs.get("action") == "store_true"
+        out[flag.dest] = flag.kwargs.get("default", False if is_bool else None)
+    return out
+
+
+def given_flags(argv: list[str]) -> dict[str, Any]:
+    """Flags present on the command line, parsed with the union parser."""
+    return vars(build_parser(None).parse_args(argv))
+
+
+def check_flags(given: dict[str, Any], runtime: str, rust_missing: bool) -> tuple[dict[str, Any], list[str]]:
+    """Apply the runtime's rules to the flags given; returns (kept flags, warnings).
+
+    Raises CliError for a flag that this runtime does not have (or that is not implemented yet).
+    """
+    kept, warnings = {}, []
+    for dest, value in given.items():
+        flag = _FLAG_BY_DEST[dest]
+        name = flag.names[0]
+        if dest == "runtime":
+            continue
+        if runtime not in flag.runtimes:
+            if runtime == PY and rust_missing:
+                warnings.append(f"{name} exists only in the Rust runtime; dropped (extension not installed)")
+                continue
+            raise CliError(f"{name} is not a flag of the {runtime} runtime")
+        if not flag.implemented:
+            raise CliError(f"{name} is not implemented yet in the {runtime} runtime")
+        kept[dest] = value
+    _check_values(kept)
+    return kept, warnings
+
+
+def _check_values(kept: dict[str, Any]) -> None:
+    sched = kept.get("scheduler_type", "base")
+    if sched not in SCHEDULER_TYPES_PY:
+        raise CliError(f"--scheduler-type {sched!r}: expected one of {', '.join(SCHEDULER_TYPES_PY)}")
+    if sched not in IMPLEMENTED_SCHEDULERS:
+        raise CliError(f"--scheduler-type {sched} is not implemented yet (implemented: base, input_streaming)")
+    if kept.get("dp_size", 1) != 1:
+        raise CliError("--dp-size > 1 is not implemented yet")
+    if kept.get("bench_audio") is not None:
+        raise CliError("--bench-audio is not implemented yet: no served model takes reference audio")
+    for dest in ("page_size", "max_batch_size", "max_prefill_tokens", "max_prefill_seqs", "max_codec_batch"):
+        if dest in kept and kept[dest] < 1:
+            raise CliError(f"--{dest.replace('_', '-')} must be >= 1")
+    for dest in ("detokenize_interval", "max_num_pages", "max_model_len"):
+        if kept.get(dest) is not None and kept[dest] < 1:
+            raise CliError(f"--{dest.replace('_', '-')} must be >= 1")
+    if not 0.0 < kept.get("gpu_memory_utilization", 0.9) <= 1.0:
+        raise CliError("--gpu-memory-utilization must be in (0, 1]")
+    if kept.get("bench_requests", 0) < 0:
+        raise CliError("--bench-requests must be >= 0")
+    try:
+        bench_kwargs = json.loads(kept.get("bench_kwargs", "{}"))
+    except json.JSONDecodeError as exc:
+        raise CliError(f"--bench-kwargs is not valid JSON: {exc}") from exc
+    if not isinstance(bench_kwargs, dict):
+        raise CliError("--bench-kwargs must be a JSON object")
+
+
+def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
+    """The frozen config from validated flags (missing ones take their defaults)."""
+    v = {**_defaults(), **kept}
+    sched = "base" if v["scheduler_type"] == "input_streaming" else v["scheduler_type"]
+    return VoxConfig(
+        runtime=runtime,
+        model=ModelConfig(v["model"], v["load_format"], v["dtype"], v["device"], v["seed"], v["codec_path"]),
+        cache=CacheConfig(v["page_size"], v["max_num_pages"], v["gpu_memory_utilization"], v["max_model_len"]),
+        scheduler=SchedulerConfig(
+            sched, v["max_batch_size"], v["max_prefill_tokens"], v["max_prefill_seqs"],
+            v["max_codec_batch"], v["detokenize_interval"], v["max_queued_requests"],
+        ),
+        engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"]),
+        bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"]),
+        server=ServerConfig(v["host"], v["port"]),
+    )
+
+
+def warn(msg: str) -> None:
+    print(f"vox-serve: {msg}", file=sys.stderr)

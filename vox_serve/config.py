@@ -1,0 +1,88 @@
+"""Frozen configuration, built once from the command line and read by both runtimes.
+
+Nothing mutates a config after start-up; components receive the part they need.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which program to build and how to load its weights."""
+
+    model: str = "orpheus"
+    load_format: str = "auto"  # auto | safetensors | dummy
+    dtype: str = "auto"  # auto | bfloat16 | float16 | float32
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    seed: int = 0  # seed of dummy weights and of requests that bring none
+    codec_path: str | None = None  # codec checkpoint directory, when not inside the model's
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache geometry."""
+
+    page_size: int = 16
+    max_num_pages: int | None = None  # None: sized from free memory (GPU) or a CPU default
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None  # None: the program's default
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduling policy and batch limits."""
+
+    scheduler_type: str = "base"
+    max_batch_size: int = 64
+    max_prefill_tokens: int = 2048
+    max_prefill_seqs: int = 16
+    max_codec_batch: int = 64
+    detokenize_interval: int | None = None  # frames per audio chunk; None: the program's default
+    max_queued_requests: int = 1024
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """`--bench-requests` mode: requests through the scheduler without HTTP."""
+
+    num_requests: int = 0
+    out_dir: str | None = None
+    text: str = "Hello there! This is a short test of streaming speech synthesis."
+    kwargs_json: str = "{}"  # kept as text so the config stays hashable and frozen
+    greedy: bool = False
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return json.loads(self.kwargs_json)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How stages execute on the device."""
+
+    attention_backend: str = "auto"  # auto | torch | flashinfer
+    disable_cuda_graph: bool = False
+
+
+@dataclass(frozen=True)
+class VoxConfig:
+    runtime: str = "python"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,68 @@
+"""`vox-serve` entry point: pick the runtime, parse its flags, then serve or benchmark."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from vox_serve.cli import PY, RS, CliError, build_config, build_parser, check_flags, given_flags, warn
+
+
+def rust_unavailable_reason() -> str | None:
+    """Why the Rust runtime cannot serve (None when its extension loads)."""
+    try:
+        importlib.import_module("vox_serve._rt")
+    except ModuleNotFoundError:
+        return "the Rust runtime extension vox_serve._rt is not installed"
+    except Exception as exc:  # a broken build: report, never crash the fallback
+        return f"the Rust runtime extension vox_serve._rt does not load: {exc}"
+    return "the Rust runtime extension vox_serve._rt has no serving entry point in this build"
+
+
+def _requested_runtime(argv: list[str]) -> str:
+    pre = build_parser(None)
+    known, _ = pre.parse_known_args(argv)
+    return getattr(known, "runtime", "auto")
+
+
+def select_runtime(requested: str) -> tuple[str, str | None]:
+    """(runtime, reason printed on stderr) for --runtime auto|python|rust."""
+    if requested == PY:
+        return PY, None
+    reason = rust_unavailable_reason()
+    if requested == RS:
+        if reason is not None:
+            raise CliError(f"--runtime rust: {reason}")
+        return RS, None
+    if reason is not None:
+        return PY, f"serving with the Python runtime: {reason}"
+    return RS, None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        requested = _requested_runtime(argv)
+        if "-h" in argv or "--help" in argv:
+            runtime = requested if requested in (PY, RS) else PY
+            build_parser(runtime).parse_args(["--help"])
+        runtime, reason = select_runtime(requested)
+        if reason:
+            warn(reason)
+        kept, warnings = check_flags(given_flags(argv), runtime, rust_missing=requested == "auto")
+        for w in warnings:
+            warn(w)
+        config = build_config(kept, runtime)
+    except CliError as exc:
+        warn(f"error: {exc}")
+        return 2
+    if config.bench.num_requests > 0:
+        from vox_serve.bench import run_bench
+
+        return run_bench(config)
+    warn("error: the HTTP server is not implemented yet in this build; use --bench-requests N")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

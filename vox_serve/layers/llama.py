@@ -1,0 +1,155 @@
+"""A plain Llama decoder over a paged KV cache (flattened tokens, no padding between sequences).
+
+Weights load from the transformers layout (`model.layers.N.self_attn.q_proj.weight`, ...);
+q/k/v and gate/up are fused at load time so each layer runs two large matmuls instead of five.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vox_serve.layers.rope import RotaryEmbedding, rope_parameters
+from vox_serve.rt.attention import AttentionBackend, AttentionBuffers
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    rope: tuple[tuple[str, Any], ...]  # normalised rope parameters (hashable)
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> LlamaConfig:
+        heads = cfg["num_attention_heads"]
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            max_position_embeddings=cfg.get("max_position_embeddings", 8192),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            rope=tuple(sorted(rope_parameters(cfg).items())),
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=False)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+                attn: AttentionBackend, bufs: AttentionBuffers) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]."""
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(self.input_layernorm(x)).split(self.split, dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        q, k = rope(q, k, positions)
+        out = attn.forward(self.layer_id, q, k, v.view(t, self.num_kv_heads, self.head_dim), bufs)
+        x = x + self.o_proj(out.reshape(t, -1))
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: LlamaConfig, max_positions: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope = RotaryEmbedding(cfg.head_dim, max_positions, dict(cfg.rope))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+                bufs: AttentionBuffers) -> torch.Tensor:
+        """input_ids [T], positions [T] -> final hidden states [T, hidden]."""
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, self.rope, attn, bufs)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> float32 logits [N, vocab]."""
+        return self.lm_head(hidden).float()
+
+    def load_hf_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load transformers-named weights, fusing q/k/v and gate/up; raises on missing or extra keys."""
+        pending: dict[str, torch.Tensor] = {}
+        for name, tensor in tensors:
+            name = name.removeprefix("model.")
+            if name.startswith("rotary_emb"):
+                continue
+            pending[name] = tensor
+        params = dict(self.named_parameters())
+        loaded = set()
+        with torch.no_grad():
+            for i in range(self.cfg.num_layers):
+                pre = f"layers.{i}."
+                fused = {
+                    "qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                    "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+                    "o_proj": ("self_attn.o_proj",),
+                    "down_proj": ("mlp.down_proj",),
+                }
+                for ours, theirs in fused.items():
+                    parts = [_take(pending, f"{pre}{t}.weight") for t in theirs]
+                    params[f"{pre}{ours}.weight"].copy_(torch.cat(parts, dim=0))
+                    loaded.add(f"{pre}{ours}.weight")
+            for name in list(pending):
+                if name in params:
+                    params[name].copy_(pending.pop(name))
+                    loaded.add(name)
+        if "lm_head.weight" not in loaded and not self.cfg.tie_word_embeddings:
+            raise ValueError("checkpoint has no lm_head.weight and does not tie word embeddings")
+        loaded.add("lm_head.weight")
+        missing = set(params) - loaded
+        if missing or pending:
+            raise ValueError(f"checkpoint mismatch: missing {sorted(missing)[:8]}, unexpected {sorted(pending)[:8]}")
+
+
+def _take(pending: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in pending:
+        raise ValueError(f"checkpoint is missing {name}")
+    return pending.pop(name)

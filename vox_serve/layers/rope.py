@@ -1,0 +1,73 @@
+"""Rotary position embeddings, with the rope dialects of transformers 4.x and 5.x config files."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
+    """Normalise `rope_theta` + `rope_scaling` (transformers 4.x) and `rope_parameters` (5.x).
+
+    Returns a dict with at least `rope_type` and `rope_theta`.
+    """
+    params: dict[str, Any] = {}
+    if isinstance(config.get("rope_parameters"), dict):
+        params.update(config["rope_parameters"])
+    if isinstance(config.get("rope_scaling"), dict):
+        params.update(config["rope_scaling"])
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params.pop("type")
+    params.setdefault("rope_type", "default")
+    params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    return params
+
+
+def inverse_frequencies(head_dim: int, params: dict[str, Any]) -> torch.Tensor:
+    """[head_dim // 2] float32 inverse frequencies, with llama3 scaling when configured.
+
+    float32 throughout, as the reference computes them: the model was trained with these values.
+    """
+    theta = float(params["rope_theta"])
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    kind = params["rope_type"]
+    if kind == "default":
+        return inv
+    if kind != "llama3":
+        raise ValueError(f"unsupported rope_type {kind!r} (supported: default, llama3)")
+    factor = float(params["factor"])
+    low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+    old_len = float(params["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """cos/sin tables for positions [0, max_positions); applied in the rotate-half convention."""
+
+    def __init__(self, head_dim: int, max_positions: int, params: dict[str, Any]) -> None:
+        super().__init__()
+        inv = inverse_frequencies(head_dim, params)
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv.float())
+        emb = torch.cat([angles, angles], dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q [T, Hq, D], k [T, Hk, D], positions [T] -> rotated (q, k) in the input dtype."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)

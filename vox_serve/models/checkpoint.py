@@ -1,0 +1,82 @@
+"""Finding and reading checkpoints on local disk (no downloads, ever), and random init for dummy weights."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing or malformed; the message says what to do."""
+
+
+def resolve_local(name_or_path: str) -> Path | None:
+    """A local directory for a path or a Hugging Face id already in the local cache, else None."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if "/" not in name_or_path or name_or_path.startswith(("/", ".")):
+        return None
+    cache = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface"))
+                 .expanduser() / "hub")
+    snapshots = cache / f"models--{name_or_path.replace('/', '--')}" / "snapshots"
+    if snapshots.is_dir():
+        found = sorted(p for p in snapshots.iterdir() if (p / "config.json").exists())
+        if found:
+            return found[-1]
+    return None
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path} is missing") from exc
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def iter_safetensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of every `*.safetensors` file in the directory (sharded checkpoints included)."""
+    from safetensors import safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors files in {directory} (or use --load-format dummy)")
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                yield key, f.get_tensor(key)
+
+
+def init_random(module: nn.Module, seed: int, std: float = 0.02) -> None:
+    """Deterministic random weights of the module's shapes: N(0, std) matrices, unit norms."""
+    gens: dict[torch.device, torch.Generator] = {}
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+                continue
+            if p.device not in gens:  # draw on the parameter's device: 3B weights in seconds on a GPU
+                gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
+            p.normal_(0.0, std, generator=gens[p.device])
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise CheckpointError(f"--device {device}: CUDA is not available on this machine")
+    return dev

@@ -1,0 +1,61 @@
+"""Model registry: names -> program builders. Adding a model touches its own files and this table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vox_serve.models.checkpoint import CheckpointError, read_json, resolve_local
+from vox_serve.rt.program import Program
+
+
+@dataclass(frozen=True)
+class BuildArgs:
+    name: str
+    load_format: str
+    device: torch.device
+    dtype: torch.dtype
+    seed: int
+    max_model_len: int | None
+    codec_path: str | None
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    default_max_model_len: int
+    build: Callable[[BuildArgs], Program]
+
+
+def _build_orpheus(a: BuildArgs) -> Program:
+    from vox_serve.models.orpheus_loader import load_orpheus
+
+    return load_orpheus(a.name, a.load_format, a.device, a.dtype, a.seed,
+                        a.max_model_len or FAMILIES["orpheus"].default_max_model_len, a.codec_path)
+
+
+FAMILIES: dict[str, ModelFamily] = {
+    "orpheus": ModelFamily("orpheus", 4096, _build_orpheus),
+}
+NAMES: dict[str, str] = {"orpheus": "orpheus", "orpheus-tiny": "orpheus", "canopylabs/orpheus-3b-0.1-ft": "orpheus"}
+
+
+def family_of(name: str) -> ModelFamily:
+    """The family of a registry name, a local checkpoint directory or a cached Hugging Face id."""
+    if name in NAMES:
+        return FAMILIES[NAMES[name]]
+    if "orpheus" in name.lower():
+        return FAMILIES["orpheus"]
+    local = resolve_local(name)
+    if local is not None and (Path(local) / "config.json").exists():
+        cfg = read_json(Path(local) / "config.json")
+        if "LlamaForCausalLM" in cfg.get("architectures", []) and cfg.get("vocab_size", 0) >= 156940:
+            return FAMILIES["orpheus"]
+    raise CheckpointError(f"unknown model {name!r}; known: {', '.join(sorted(NAMES))}, or an Orpheus checkpoint dir")
+
+
+def build_program(args: BuildArgs) -> Program:
+    return family_of(args.name).build(args)

@@ -1,0 +1,124 @@
+"""The program abstraction: one model = meta + static arenas + three stages + a prompt builder.
+
+A program owns its weights, its KV cache (through an attention backend) and six arenas:
+`prefill_in/out`, `decode_in/out` (the standard LM-step schema below) and `codec_in/out`.
+Stages read and write only arena views, with sizes given as Python ints (the bucket), so each
+(stage, bucket) pair is capturable as a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+from vox_serve.rt.arena import Arena, FieldSpec
+from vox_serve.rt.attention import AttentionBackend, AttentionBuffers
+from vox_serve.rt.meta import EngineLimits, ProgramMeta
+
+
+def lm_input_fields(tokens: int, seqs: int, limits: EngineLimits, columns: int) -> list[FieldSpec]:
+    """The standard LM-step input schema (shared by prefill and decode)."""
+    i32, i64, f32 = torch.int32, torch.int64, torch.float32
+    return [
+        FieldSpec("input_ids", (tokens, columns), i64),
+        FieldSpec("positions", (tokens,), i64),
+        FieldSpec("slot_mapping", (tokens,), i64),
+        FieldSpec("qo_indptr", (seqs + 1,), i32),
+        FieldSpec("kv_lens", (seqs,), i32),
+        FieldSpec("page_table", (seqs, limits.max_pages_per_seq), i32),
+        FieldSpec("logits_index", (seqs,), i64),
+        FieldSpec("temperature", (seqs,), f32),
+        FieldSpec("top_k", (seqs,), i64),
+        FieldSpec("top_p", (seqs,), f32),
+        FieldSpec("min_p", (seqs,), f32),
+        FieldSpec("repetition_penalty", (seqs,), f32),
+        FieldSpec("seed", (seqs,), i64),
+        FieldSpec("gen_index", (seqs,), i64),  # tokens generated so far: the RNG offset
+        FieldSpec("num_codes", (seqs,), i64),  # audio codes so far: position inside the frame
+        FieldSpec("allow_stop", (seqs,), torch.bool),  # False: ignore_eos / not at a frame boundary yet
+        FieldSpec("history", (seqs, limits.repetition_window), i64),
+    ]
+
+
+def lm_output_fields(seqs: int, codes_per_step: int) -> list[FieldSpec]:
+    return [
+        FieldSpec("tokens", (seqs, codes_per_step), torch.int64),
+        FieldSpec("codes", (seqs, codes_per_step), torch.int64),
+        FieldSpec("out_kind", (seqs,), torch.int32),
+    ]
+
+
+def codec_fields(batch: int, window: int, meta: ProgramMeta, frames_per_chunk: int) -> tuple[list, list]:
+    inputs = [
+        FieldSpec("codes", (batch, window, meta.codes_per_frame), torch.int64),
+        FieldSpec("first_frame", (batch,), torch.int64),
+        FieldSpec("seed", (batch,), torch.int64),
+        FieldSpec("slot", (batch,), torch.int64),
+    ]
+    outputs = [FieldSpec("pcm", (batch, frames_per_chunk * meta.samples_per_frame), torch.int16)]
+    return inputs, outputs
+
+
+def attention_buffers(arena: Arena) -> AttentionBuffers:
+    return AttentionBuffers(
+        page_table=arena["page_table"], kv_lens=arena["kv_lens"],
+        qo_indptr=arena["qo_indptr"], slot_mapping=arena["slot_mapping"],
+    )
+
+
+class Program(ABC):
+    """Base class of every model program. Subclasses set `meta` and implement the stages."""
+
+    meta: ProgramMeta
+    attention: AttentionBackend
+    limits: EngineLimits
+    arenas: dict[str, Arena]
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.device = torch.device(device)
+        self.dtype = dtype
+
+    def setup_arenas(self, limits: EngineLimits) -> None:
+        """Allocate every arena at its maximum size (once, before any graph capture)."""
+        self.limits = limits
+        m, dev = self.meta, self.device
+        window = m.codec_window(limits.frames_per_chunk)
+        codec_in, codec_out = codec_fields(limits.max_codec_batch, window, m, limits.frames_per_chunk)
+        pt, ps = limits.max_prefill_tokens, limits.max_prefill_seqs
+        self.arenas = {
+            "prefill_in": Arena("prefill_in", lm_input_fields(pt, ps, limits, m.input_columns), dev),
+            "prefill_out": Arena("prefill_out", lm_output_fields(ps, m.codes_per_step), dev),
+            "decode_in": Arena("decode_in", lm_input_fields(limits.max_batch, limits.max_batch, limits,
+                                                            m.input_columns), dev),
+            "decode_out": Arena("decode_out", lm_output_fields(limits.max_batch, m.codes_per_step), dev),
+            "codec_in": Arena("codec_in", codec_in, dev),
+            "codec_out": Arena("codec_out", codec_out, dev),
+        }
+
+    @abstractmethod
+    def kv_geometry(self) -> tuple[int, int, int, int]:
+        """(layers, query heads, KV heads, head dim) of the paged KV cache."""
+
+    @abstractmethod
+    def preprocess(self, fields: dict[str, Any]) -> list[list[int]]:
+        """Validated request fields -> prompt ids [prompt_len][input_columns]. Raises ValueError."""
+
+    @abstractmethod
+    def prefill(self, num_tokens: int, num_seqs: int) -> None:
+        """Run the first `num_tokens` rows of prefill_in; sample for the first `num_seqs` sequences."""
+
+    @abstractmethod
+    def decode(self, batch: int) -> None:
+        """One decode step for the first `batch` rows of decode_in -> decode_out."""
+
+    @abstractmethod
+    def codec(self, batch: int) -> None:
+        """Turn the first `batch` windows of codec_in into PCM in codec_out."""
+
+    def release_codec_slot(self, slot: int) -> None:
+        """Forget a stateful codec's state for `slot` (stateless codecs keep none)."""
+
+    def weights_bytes(self) -> int:
+        return 0

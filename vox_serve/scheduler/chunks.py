@@ -1,0 +1,65 @@
+"""Which frames make audio chunk c, and when it can be decoded (pure Python).
+
+Chunk c emits frames [skip + c * N, skip + (c + 1) * N). Decoding it needs a window that reaches
+`lookback` frames before and `lookahead` frames after, so it is ready once
+`skip + (c + 1) * N + lookahead` frames exist. When generation has ended, a shorter final chunk
+emits what is left up to the last frame that still has its lookahead (as the published
+streaming decoders do; frames without lookahead are never emitted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vox_serve.rt.meta import ProgramMeta
+
+
+@dataclass(frozen=True)
+class ChunkWindow:
+    chunk_index: int
+    first_frame: int  # first frame of the window (lookback included)
+    start: int  # first emitted frame
+    end: int  # one past the last emitted frame
+    window_end: int  # one past the last frame the window reads
+
+    @property
+    def num_frames(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class ChunkGeometry:
+    frames_per_chunk: int
+    lookback: int
+    lookahead: int
+    skip: int
+    codes_per_frame: int
+
+    @classmethod
+    def from_meta(cls, meta: ProgramMeta, frames_per_chunk: int) -> ChunkGeometry:
+        return cls(frames_per_chunk, meta.codec_lookback_frames, meta.codec_lookahead_frames,
+                   meta.skip_leading_frames, meta.codes_per_frame)
+
+    @property
+    def window(self) -> int:
+        return self.lookback + self.frames_per_chunk + self.lookahead
+
+    def chunk(self, index: int, num_frames: int, final: bool) -> ChunkWindow | None:
+        """Chunk `index` if it can be decoded with `num_frames` frames generated, else None."""
+        start = self.skip + index * self.frames_per_chunk
+        end = start + self.frames_per_chunk
+        if num_frames < end + self.lookahead:
+            if not final:
+                return None
+            end = num_frames - self.lookahead
+            if end <= start:
+                return None
+        return ChunkWindow(index, start - self.lookback, start, end, end + self.lookahead)
+
+    def frames_of(self, codes: list[int], window: ChunkWindow) -> list[list[int]]:
+        """The window's frames from a flat code list ([frames][codes_per_frame])."""
+        k = self.codes_per_frame
+        first = max(window.first_frame, 0)
+        frames = [codes[f * k : (f + 1) * k] for f in range(first, window.window_end)]
+        # A window that starts before frame 0 (no skip) repeats the first frame as its lookback.
+        return [frames[0]] * (first - window.first_frame) + frames

@@ -1,0 +1,96 @@
+"""The plain data the scheduler and the worker exchange: a step plan in, a step result out.
+
+Only built-in types live here (lists, ints, floats, bytes), so a plan can cross a process
+boundary or be replayed against a simulated engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LmRow:
+    """One sequence in a prefill or decode launch.
+
+    `input_ids[i]` is the input row of position `start_pos + i` (`input_columns` ids each).
+    `kv_len` counts the KV after this step; `pages` hold at least `kv_len` tokens.
+    """
+
+    req_id: str
+    input_ids: list[list[int]]
+    start_pos: int
+    pages: list[int]
+    sample: bool  # False for a non-final chunk of a chunked prefill
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    history: list[int]
+    gen_index: int  # tokens generated so far (also the RNG offset)
+    num_codes: int  # audio codes so far (position inside the frame)
+    allow_stop: bool  # False while ignore_eos holds
+    seed: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def kv_len(self) -> int:
+        return self.start_pos + len(self.input_ids)
+
+
+@dataclass
+class CodecRow:
+    """One audio chunk: a window of frames (lookback + chunk + lookahead) to turn into PCM.
+
+    `frames[f]` holds `codes_per_frame` codes; `num_frames` of the chunk's frames are real (a final
+    chunk may be shorter: the window is padded by repeating the last frame).
+    """
+
+    req_id: str
+    chunk_index: int
+    frames: list[list[int]]
+    num_frames: int
+    first_frame: int  # absolute index of the window's first frame (noise and state offsets)
+    seed: int
+    slot: int = 0
+    is_last: bool = False
+
+
+@dataclass
+class StepPlan:
+    step_id: int
+    prefill: list[LmRow] = field(default_factory=list)
+    decode: list[LmRow] = field(default_factory=list)
+    codec: list[CodecRow] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.prefill or self.decode or self.codec)
+
+
+@dataclass
+class LmOut:
+    req_id: str
+    tokens: list[int]  # the sampled ids of this step (codes_per_step of them)
+    codes: list[int]  # audio codes derived from them (valid when kind is AUDIO)
+    kind: int  # OutKind
+
+
+@dataclass
+class CodecOut:
+    req_id: str
+    chunk_index: int
+    pcm: bytes  # little-endian int16 mono
+
+
+@dataclass
+class StepResult:
+    step_id: int
+    prefill: list[LmOut] = field(default_factory=list)
+    decode: list[LmOut] = field(default_factory=list)
+    codec: list[CodecOut] = field(default_factory=list)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
