@@ -52,6 +52,7 @@ class OrpheusProgram(Program):
         super().__init__(device, dtype)
         self.meta, self.lm_cfg, self.lm, self.snac, self.tokenizer = meta, lm_cfg, lm, snac, tokenizer
         self.constrain_audio = bool(meta.extra["constrain_audio"])
+        self.codec_noise = True  # SNAC's noise blocks, drawn per request seed (tests compare without)
         end = AUDIO_START + SLOTS_PER_FRAME * CODES_PER_SLOT
         if self.constrain_audio and lm_cfg.vocab_size < end:
             raise ValueError(f"vocab_size {lm_cfg.vocab_size} has no room for the audio ids (< {end})")
@@ -134,7 +135,8 @@ class OrpheusProgram(Program):
     def codec(self, batch: int) -> None:
         a, out = self.arenas["codec_in"], self.arenas["codec_out"]
         frames = a["codes"][:batch].clamp(0, CODES_PER_SLOT - 1)
-        audio = self.snac.decode(orpheus_frames_to_codes(frames), noise_seed=a["seed"][:batch],
+        seed = a["seed"][:batch] if self.codec_noise else None
+        audio = self.snac.decode(orpheus_frames_to_codes(frames), noise_seed=seed,
                                  frame_offset=a["first_frame"][:batch])
         spf = self.meta.samples_per_frame
         start = self.meta.codec_lookback_frames * spf

@@ -63,9 +63,13 @@ def build_program(config: VoxConfig) -> Program:
     dtype = pick_dtype(config.model.dtype, device)
     args = BuildArgs(config.model.model, config.model.load_format, device, dtype, config.model.seed,
                      config.cache.max_model_len, config.model.codec_path)
-    program = build_model_program(args)
+    return prepare_program(build_model_program(args), config)
+
+
+def prepare_program(program: Program, config: VoxConfig) -> Program:
+    """Give a freshly built program its KV cache (attention backend) and its arenas."""
     layers, q_heads, kv_heads, head_dim = program.kv_geometry()
-    page_size = config.cache.page_size
+    page_size, dtype, device = config.cache.page_size, program.dtype, program.device
     bytes_per_page = layers * 2 * page_size * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
     max_len = program.meta.max_model_len
     num_pages = _num_pages(config, program, max_len, bytes_per_page)
