@@ -188,15 +188,7 @@ def check_flags(given: dict[str, Any], runtime: str, rust_missing: bool) -> tupl
 
 
 def _check_values(kept: dict[str, Any]) -> None:
-    sched = kept.get("scheduler_type", "base")
-    if sched not in SCHEDULER_TYPES_PY:
-        raise CliError(f"--scheduler-type {sched!r}: expected one of {', '.join(SCHEDULER_TYPES_PY)}")
-    if sched not in IMPLEMENTED_SCHEDULERS:
-        raise CliError(f"--scheduler-type {sched} is not implemented yet (implemented: base, input_streaming)")
-    if kept.get("dp_size", 1) != 1:
-        raise CliError("--dp-size > 1 is not implemented yet")
-    if kept.get("bench_audio") is not None:
-        raise CliError("--bench-audio is not implemented yet: no served model takes reference audio")
+    _check_scheduler(kept)
     for dest in ("page_size", "max_batch_size", "max_prefill_tokens", "max_prefill_seqs", "max_codec_batch"):
         if dest in kept and kept[dest] < 1:
             raise CliError(f"--{dest.replace('_', '-')} must be >= 1")
@@ -207,8 +199,24 @@ def _check_values(kept: dict[str, Any]) -> None:
         raise CliError("--gpu-memory-utilization must be in (0, 1]")
     if kept.get("bench_requests", 0) < 0:
         raise CliError("--bench-requests must be >= 0")
+    _check_bench_kwargs(kept.get("bench_kwargs", "{}"))
+
+
+def _check_scheduler(kept: dict[str, Any]) -> None:
+    sched = kept.get("scheduler_type", "base")
+    if sched not in SCHEDULER_TYPES_PY:
+        raise CliError(f"--scheduler-type {sched!r}: expected one of {', '.join(SCHEDULER_TYPES_PY)}")
+    if sched not in IMPLEMENTED_SCHEDULERS:
+        raise CliError(f"--scheduler-type {sched} is not implemented yet (implemented: base, input_streaming)")
+    if kept.get("dp_size", 1) != 1:
+        raise CliError("--dp-size > 1 is not implemented yet")
+    if kept.get("bench_audio") is not None:
+        raise CliError("--bench-audio is not implemented yet: no served model takes reference audio")
+
+
+def _check_bench_kwargs(text: str) -> None:
     try:
-        bench_kwargs = json.loads(kept.get("bench_kwargs", "{}"))
+        bench_kwargs = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CliError(f"--bench-kwargs is not valid JSON: {exc}") from exc
     if not isinstance(bench_kwargs, dict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
@@ -20,9 +21,10 @@ def rust_unavailable_reason() -> str | None:
 
 
 def _requested_runtime(argv: list[str]) -> str:
-    pre = build_parser(None)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--runtime", choices=["auto", PY, RS], default="auto")
     known, _ = pre.parse_known_args(argv)
-    return getattr(known, "runtime", "auto")
+    return known.runtime
 
 
 def select_runtime(requested: str) -> tuple[str, str | None]:
@@ -58,8 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if config.bench.num_requests > 0:
         from vox_serve.bench import run_bench
+        from vox_serve.models.checkpoint import CheckpointError
 
-        return run_bench(config)
+        try:
+            return run_bench(config)
+        except CheckpointError as exc:  # a model the user named that cannot be loaded
+            warn(f"error: {exc}")
+            return 2
     warn("error: the HTTP server is not implemented yet in this build; use --bench-requests N")
     return 2
 

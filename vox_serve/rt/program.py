@@ -117,7 +117,7 @@ class Program(ABC):
     def codec(self, batch: int) -> None:
         """Turn the first `batch` windows of codec_in into PCM in codec_out."""
 
-    def release_codec_slot(self, slot: int) -> None:
+    def release_codec_slot(self, slot: int) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Forget a stateful codec's state for `slot` (stateless codecs keep none)."""
 
     def weights_bytes(self) -> int:
