@@ -13,21 +13,22 @@ from vox_serve.request import Request
 from vox_serve.request_builder import FieldError, build_request
 from vox_serve.rt.engine import build_program
 from vox_serve.scheduler.base import Scheduler
-from vox_serve.worker.program_worker import ProgramWorker
+from vox_serve.worker.program_worker import ProgramWorker, startup_report
 
 
 def build_loop(config: VoxConfig) -> tuple[EngineLoop, object]:
     program = build_program(config)
     scheduler = Scheduler(program.meta, program.limits, config.scheduler)
-    return EngineLoop(scheduler, ProgramWorker(program)), program
+    worker = ProgramWorker(program, use_cuda_graphs=not config.engine.disable_cuda_graph)
+    print(startup_report(program, worker), file=sys.stderr)
+    return EngineLoop(scheduler, worker), program
 
 
 def run_bench(config: VoxConfig) -> int:
     t0 = time.perf_counter()
     loop, program = build_loop(config)
     meta = program.meta
-    print(f"model {meta.name} on {program.device} ({str(program.dtype).removeprefix('torch.')}), "
-          f"loaded in {time.perf_counter() - t0:.1f}s; {program.limits.num_pages - 1} KV pages", file=sys.stderr)
+    print(f"model {meta.name} ready in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     audio: dict[str, list[bytes]] = {}
 
     def sink(req: Request, pcm: bytes | None, final: bool) -> None:

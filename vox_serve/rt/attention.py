@@ -27,6 +27,8 @@ class AttentionPlan:
     num_seqs: int
     qo_lens: list[int]  # new (query) tokens per sequence in this step
     kv_lens: list[int]  # KV length per sequence AFTER this step's tokens are written
+    pages: list[list[int]] | None = None  # page ids per sequence (host planners need them)
+    num_rows: int | None = None  # rows of the launch (the bucket); padded rows use the null page
 
     def __post_init__(self) -> None:
         if len(self.qo_lens) != self.num_seqs or len(self.kv_lens) != self.num_seqs:
@@ -107,6 +109,13 @@ class AttentionBackend(ABC):
 
     def memory_bytes(self) -> int:
         return sum(cache.numel() * cache.element_size() for cache in self.kv_caches)
+
+    def _write_kv(self, cache: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:
+        """cache: [P, 2, page_size, Hkv, D]; k, v: [T, Hkv, D]; slots: [T] int64."""
+        page = slots // self.page_size
+        offset = slots % self.page_size
+        cache[page, 0, offset] = k.to(cache.dtype)
+        cache[page, 1, offset] = v.to(cache.dtype)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
@@ -189,13 +198,6 @@ class TorchAttentionBackend(AttentionBackend):
             return self._decode(cache, q, bufs)
         return self._prefill(cache, q, bufs)
 
-    def _write_kv(self, cache: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:
-        """cache: [P, 2, page_size, Hkv, D]; k, v: [T, Hkv, D]; slots: [T] int64."""
-        page = slots // self.page_size
-        offset = slots % self.page_size
-        cache[page, 0, offset] = k.to(cache.dtype)
-        cache[page, 1, offset] = v.to(cache.dtype)
-
     def _decode(self, cache: Tensor, q: Tensor, bufs: AttentionBuffers) -> Tensor:
         """One query per row; q: [T, Hq, D] -> [T, Hq, D]."""
         num_rows = q.shape[0]
@@ -226,11 +228,28 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
 
+def flashinfer_available() -> bool:
+    """True when flashinfer imports (an installed but broken build counts as unavailable)."""
+    try:
+        import flashinfer  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
 def make_attention_backend(name: str, **kwargs: Any) -> AttentionBackend:
     """Build the attention backend called `name` ("torch", "flashinfer" or "auto")."""
-    if name in ("torch", "auto"):
-        # "auto" will prefer FlashInfer on CUDA once that backend exists.
+    device = torch.device(kwargs.get("device", "cpu"))
+    if name == "auto":
+        name = "flashinfer" if device.type == "cuda" and flashinfer_available() else "torch"
+    if name == "torch":
         return TorchAttentionBackend(**kwargs)
     if name == "flashinfer":
-        raise RuntimeError("flashinfer backend not available: not implemented yet, use 'torch' or 'auto'")
+        if device.type != "cuda":
+            raise RuntimeError("the flashinfer attention backend needs a CUDA device")
+        if not flashinfer_available():
+            raise RuntimeError("the flashinfer attention backend needs the flashinfer-python package")
+        from vox_serve.rt.attention_flashinfer import FlashInferAttentionBackend
+
+        return FlashInferAttentionBackend(**kwargs)
     raise ValueError(f"unknown attention backend {name!r}; expected 'torch', 'flashinfer' or 'auto'")

@@ -12,6 +12,7 @@ import torch
 
 from vox_serve.rt.attention import AttentionPlan
 from vox_serve.rt.engine import bucket_sizes, pick_bucket
+from vox_serve.rt.graphs import StageGraphs
 from vox_serve.rt.program import Program, attention_buffers
 from vox_serve.scheduler.plan import CodecOut, CodecRow, LmOut, LmRow, StepPlan, StepResult
 
@@ -19,12 +20,38 @@ NULL_SLOT = 0  # token slot 0 lies in the reserved null page
 
 
 class ProgramWorker:
-    def __init__(self, program: Program) -> None:
+    def __init__(self, program: Program, use_cuda_graphs: bool = False) -> None:
         self.program = program
         lim = program.limits
         self.decode_buckets = bucket_sizes(lim.max_batch)
         self.prefill_buckets = bucket_sizes(lim.max_prefill_tokens, min(16, lim.max_prefill_tokens))
         self.codec_buckets = bucket_sizes(lim.max_codec_batch)
+        self.graphs: StageGraphs | None = None
+        if use_cuda_graphs and program.device.type == "cuda":
+            self.graphs = StageGraphs(program)
+            with torch.inference_mode():
+                self.graphs.capture({"decode": self.decode_buckets, "codec": self.codec_buckets},
+                                    self._prepare_capture)
+
+    def _prepare_capture(self, stage: str, bucket: int) -> None:
+        """Dummy inputs for capturing `stage` at `bucket` rows: every row padded (null page)."""
+        prog = self.program
+        arena = prog.arenas[f"{stage}_in"]
+        if stage == "decode":
+            self._fill_lm(arena.host, [], bucket, bucket)
+            arena.upload()
+            prog.attention.plan(AttentionPlan(bucket, [1] * bucket, [1] * bucket, [[0]] * bucket, bucket),
+                                attention_buffers(arena))
+        else:
+            arena.host["codes"].zero_()
+            arena.upload()
+
+    def _launch(self, stage: str, bucket: int, *args: int) -> None:
+        """Replay the captured graph of (stage, bucket), or run the stage eagerly."""
+        if self.graphs is not None and self.graphs.has(stage, bucket):
+            self.graphs.replay(stage, bucket)
+        else:
+            getattr(self.program, stage)(bucket, *args)
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one step: codec chunks first (their audio is due soonest), then prefill, then decode."""
@@ -60,12 +87,13 @@ class ProgramWorker:
         arena_in, arena_out = prog.arenas[f"{stage}_in"], prog.arenas[f"{stage}_out"]
         self._fill_lm(arena_in.host, rows, token_bucket, seq_bucket)
         arena_in.upload()
-        prog.attention.plan(AttentionPlan(len(rows), [r.num_tokens for r in rows], [r.kv_len for r in rows]),
-                            attention_buffers(arena_in))
+        plan = AttentionPlan(len(rows), [r.num_tokens for r in rows], [r.kv_len for r in rows],
+                             [r.pages for r in rows], token_bucket if stage == "decode" else None)
+        prog.attention.plan(plan, attention_buffers(arena_in))
         if stage == "prefill":
-            prog.prefill(token_bucket, seq_bucket)
+            self._launch("prefill", token_bucket, seq_bucket)
         else:
-            prog.decode(token_bucket)
+            self._launch("decode", token_bucket)
         arena_out.download()
         n = len(rows)
         tokens = arena_out.host["tokens"][:n].tolist()
@@ -139,9 +167,23 @@ class ProgramWorker:
         h["seed"][:bucket] = torch.tensor([r.seed for r in rows] + [0] * (bucket - n))
         h["slot"][:bucket] = torch.tensor([r.slot for r in rows] + [0] * (bucket - n))
         arena_in.upload()
-        prog.codec(bucket)
+        self._launch("codec", bucket)
         arena_out.download()
         spf = prog.meta.samples_per_frame
         pcm = arena_out.host["pcm"]
         return [CodecOut(r.req_id, r.chunk_index, pcm[i, : r.num_frames * spf].numpy().tobytes())
                 for i, r in enumerate(rows)]
+
+
+def startup_report(program: Program, worker: ProgramWorker) -> str:
+    """Where the memory went and how many tokens fit: printed once at start-up."""
+    att, lim = program.attention, program.limits
+    graphs = worker.graphs
+    mib = 2**20
+    return (
+        f"model {program.meta.name} on {program.device} ({str(program.dtype).removeprefix('torch.')}): "
+        f"weights {program.weights_bytes() / mib:.0f} MiB, KV cache {att.memory_bytes() / mib:.0f} MiB "
+        f"({lim.num_pages - 1} pages of {lim.page_size} tokens = {(lim.num_pages - 1) * lim.page_size} "
+        f"concurrent tokens), attention {att.name}, "
+        + (f"{len(graphs.graphs)} CUDA graphs {graphs.memory_bytes / mib:.0f} MiB" if graphs else "eager stages")
+    )

@@ -1,0 +1,92 @@
+"""FlashInfer paged attention (CUDA only), planned on the host each step.
+
+Decode uses one `BatchDecodeWithPagedKVCacheWrapper` per batch bucket, built with
+`use_cuda_graph=True` so the decode graph captured for that bucket replays against whatever the
+latest `plan()` wrote into the wrapper's buffers. Prefill (ragged, causal) runs eagerly through
+one `BatchPrefillWithPagedKVCacheWrapper`. Padded decode rows attend to one entry of the null
+page. The KV layout is the shared NHD layout, so the PyTorch backend is the reference.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import flashinfer
+import torch
+from torch import Tensor
+
+from vox_serve.rt.attention import AttentionBackend, AttentionBuffers, AttentionPlan
+
+WORKSPACE_BYTES = 128 << 20
+NULL_PAGE = 0
+
+
+class FlashInferAttentionBackend(AttentionBackend):
+    name = "flashinfer"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        self._decode: dict[int, Any] = {}
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+        self._plan: AttentionPlan | None = None
+        self._active_decode: Any = None
+
+    def _decode_wrapper(self, rows: int, max_pages_per_seq: int) -> Any:
+        """The decode wrapper of a bucket, with static buffers sized for any page count."""
+        if rows not in self._decode:
+            dev = self.device
+            self._decode[rows] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self._workspace, "NHD", use_cuda_graph=True,
+                use_tensor_cores=self.num_q_heads // self.num_kv_heads >= 4,
+                paged_kv_indptr_buffer=torch.zeros(rows + 1, dtype=torch.int32, device=dev),
+                paged_kv_indices_buffer=torch.zeros(rows * max_pages_per_seq, dtype=torch.int32, device=dev),
+                paged_kv_last_page_len_buffer=torch.zeros(rows, dtype=torch.int32, device=dev),
+            )
+        return self._decode[rows]
+
+    def _page_arrays(self, plan: AttentionPlan, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Host int32 (indptr [rows+1], indices, last_page_len [rows]); padded rows: one null entry."""
+        if plan.pages is None:
+            raise ValueError("the flashinfer backend needs AttentionPlan.pages")
+        indptr, indices, last = [0], [], []
+        for kv_len, pages in zip(plan.kv_lens, plan.pages, strict=True):
+            used = -(-kv_len // self.page_size)
+            indices.extend(pages[:used])
+            indptr.append(len(indices))
+            last.append(kv_len - (used - 1) * self.page_size)
+        for _ in range(rows - plan.num_seqs):
+            indices.append(NULL_PAGE)
+            indptr.append(len(indices))
+            last.append(1)
+        as_i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+        return as_i32(indptr), as_i32(indices), as_i32(last)
+
+    def plan(self, plan: AttentionPlan, bufs: AttentionBuffers) -> None:
+        self._plan = plan
+        common = dict(num_kv_heads=self.num_kv_heads, page_size=self.page_size, q_data_type=self.dtype,
+                      kv_data_type=self.dtype, sm_scale=self.scale)
+        if plan.is_decode:
+            rows = plan.num_rows or plan.num_seqs
+            indptr, indices, last = self._page_arrays(plan, rows)
+            self._active_decode = self._decode_wrapper(rows, bufs.page_table.shape[1])
+            self._active_decode.plan(indptr, indices, last, num_qo_heads=self.num_q_heads,
+                                     head_dim=self.head_dim, **common)
+            return
+        indptr, indices, last = self._page_arrays(plan, plan.num_seqs)
+        qo = torch.tensor([0, *itertools.accumulate(plan.qo_lens)], dtype=torch.int32)
+        self._prefill.plan(qo, indptr, indices, last, num_qo_heads=self.num_q_heads, head_dim_qk=self.head_dim,
+                           causal=True, **common)
+
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, bufs: AttentionBuffers) -> Tensor:
+        if self._plan is None:
+            raise RuntimeError("FlashInferAttentionBackend.forward called before plan()")
+        cache = self.kv_caches[layer]
+        self._write_kv(cache, k, v, bufs.slot_mapping[: q.shape[0]])
+        if self._plan.is_decode:
+            return self._active_decode.run(q, cache)
+        n = self._plan.num_tokens
+        out = torch.zeros_like(q)
+        out[:n] = self._prefill.run(q[:n], cache)
+        return out
