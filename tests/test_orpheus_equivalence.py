@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from orpheus_helpers import make_program, run_requests
 
 from vox_serve.models.orpheus import AUDIO_START, CODES_PER_SLOT, STOP_ID
