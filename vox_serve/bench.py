@@ -12,13 +12,13 @@ from vox_serve.engine_loop import EngineLoop
 from vox_serve.request import Request
 from vox_serve.request_builder import FieldError, build_request
 from vox_serve.rt.engine import build_program
-from vox_serve.scheduler.base import Scheduler
+from vox_serve.scheduler.factory import make_scheduler
 from vox_serve.worker.program_worker import ProgramWorker, startup_report
 
 
 def build_loop(config: VoxConfig) -> tuple[EngineLoop, object]:
     program = build_program(config)
-    scheduler = Scheduler(program.meta, program.limits, config.scheduler)
+    scheduler = make_scheduler(program.meta, program.limits, config.scheduler)
     worker = ProgramWorker(program, use_cuda_graphs=not config.engine.disable_cuda_graph)
     print(startup_report(program, worker), file=sys.stderr)
     return EngineLoop(scheduler, worker), program

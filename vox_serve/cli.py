@@ -27,7 +27,7 @@ from vox_serve.config import (
 PY, RS = "python", "rust"
 BOTH = frozenset({PY, RS})
 SCHEDULER_TYPES_PY = ("base", "online", "offline", "input_streaming", "deadline")
-IMPLEMENTED_SCHEDULERS = ("base", "input_streaming")
+IMPLEMENTED_SCHEDULERS = SCHEDULER_TYPES_PY
 
 
 class CliError(Exception):
@@ -73,7 +73,8 @@ FLAGS: tuple[Flag, ...] = (
        help="fraction of GPU memory for weights, graphs and KV"),
     _f("--max-model-len", type=int, default=None, help="longest prompt + generation, in tokens"),
     # scheduling
-    _f("--scheduler-type", default="base", help="base, online, offline, input_streaming (Python runtime)"),
+    _f("--scheduler-type", default="base",
+       help="base, online, offline, deadline, input_streaming (a name of base); see docs/scheduling.md"),
     _f("--max-batch-size", type=int, default=64, help="largest decode batch"),
     _f("--max-prefill-tokens", type=int, default=2048, help="token budget of one prefill step"),
     _f("--max-prefill-seqs", type=int, default=16, help="sequences in one prefill step"),
@@ -87,7 +88,7 @@ FLAGS: tuple[Flag, ...] = (
        help="run stages eagerly instead of replaying CUDA graphs"),
     _f("--enable-nvtx", action="store_true", runtimes=PY_ONLY, implemented=False,
        help="NVTX ranges around stages and scheduling"),
-    _f("--async-scheduling", action="store_true", runtimes=PY_ONLY, implemented=False,
+    _f("--async-scheduling", action="store_true", runtimes=PY_ONLY,
        help="plan the next step while the GPU runs the current one"),
     # several GPUs
     _f("--dp-size", type=int, default=1, help="replicas, one per GPU"),
@@ -96,6 +97,9 @@ FLAGS: tuple[Flag, ...] = (
     # server
     _f("--host", default="127.0.0.1", help="HTTP bind address"),
     _f("--port", type=int, default=8000, help="HTTP port"),
+    _f("--request-timeout-s", type=float, default=300.0,
+       help="abort a request still running after this many seconds"),
+    _f("--max-upload-mb", type=float, default=10.0, help="largest audio upload, in MB"),
     # bench mode
     _f("--bench-requests", type=int, default=0, help="run N concurrent requests without HTTP and exit"),
     _f("--bench-out", default=None, help="directory for one WAV per bench request"),
@@ -104,7 +108,8 @@ FLAGS: tuple[Flag, ...] = (
        help='JSON request fields: voice, sampling overrides, max_tokens, ignore_eos, seed'),
     _f("--bench-audio", default=None, help="reference audio file for bench requests"),
     _f("--greedy", action="store_true", help="greedy sampling: repeatable output"),
-    _f("--trace-dir", default=None, implemented=False, help="write JSON-lines traces here"),
+    _f("--trace-dir", default=None,
+       help="write JSON lines of every stage launch's device time and every scheduling decision here"),
     # Rust runtime only
     _f("--overlap-detok", action="store_true", runtimes=RUST_ONLY, help="codec on its own stream"),
     _f("--async-engines", action="store_true", runtimes=RUST_ONLY, help="LM and codec lanes in flight"),
@@ -116,11 +121,17 @@ FLAGS: tuple[Flag, ...] = (
     _f("--codec-gpu", type=int, default=None, runtimes=RUST_ONLY, help="GPU of every replica's codec"),
     _f("--codec-sms", type=int, default=None, runtimes=RUST_ONLY, help="SMs of the shared codec partition"),
     _f("--prompt-builder", default=None, runtimes=RUST_ONLY, help="python: build prompts in Python"),
-    _f("--deadline-startup-ms", type=float, default=None, runtimes=RUST_ONLY),
-    _f("--deadline-max-prefill-deferral-ms", type=float, default=None, runtimes=RUST_ONLY),
-    _f("--deadline-lm-step-ms", type=float, default=None, runtimes=RUST_ONLY),
-    _f("--deadline-codec-ms", type=float, default=None, runtimes=RUST_ONLY),
-    _f("--deadline-prefill-ms", type=float, default=None, runtimes=RUST_ONLY),
+    # deadline policy (both runtimes)
+    _f("--deadline-startup-ms", type=float, default=SchedulerConfig.deadline_startup_ms,
+       help="deadline policy: first audio of a new stream is due this long after its arrival"),
+    _f("--deadline-max-prefill-deferral-ms", type=float, default=SchedulerConfig.deadline_max_prefill_deferral_ms,
+       help="deadline policy: longest a prefill waits for running streams about to underrun"),
+    _f("--deadline-lm-step-ms", type=float, default=SchedulerConfig.deadline_lm_step_ms,
+       help="deadline policy: estimated time of one LM decode step (calibrate per model and GPU)"),
+    _f("--deadline-codec-ms", type=float, default=SchedulerConfig.deadline_codec_ms,
+       help="deadline policy: estimated time of one codec launch"),
+    _f("--deadline-prefill-ms", type=float, default=SchedulerConfig.deadline_prefill_ms,
+       help="deadline policy: estimated time of one prefill launch"),
 )
 
 _FLAG_BY_DEST = {f.dest: f for f in FLAGS}
@@ -189,6 +200,7 @@ def check_flags(given: dict[str, Any], runtime: str, rust_missing: bool) -> tupl
 
 def _check_values(kept: dict[str, Any]) -> None:
     _check_scheduler(kept)
+    _check_server_values(kept)
     for dest in ("page_size", "max_batch_size", "max_prefill_tokens", "max_prefill_seqs", "max_codec_batch"):
         if dest in kept and kept[dest] < 1:
             raise CliError(f"--{dest.replace('_', '-')} must be >= 1")
@@ -207,9 +219,11 @@ def _check_scheduler(kept: dict[str, Any]) -> None:
     if sched not in SCHEDULER_TYPES_PY:
         raise CliError(f"--scheduler-type {sched!r}: expected one of {', '.join(SCHEDULER_TYPES_PY)}")
     if sched not in IMPLEMENTED_SCHEDULERS:
-        raise CliError(f"--scheduler-type {sched} is not implemented yet (implemented: base, input_streaming)")
-    if kept.get("dp_size", 1) != 1:
-        raise CliError("--dp-size > 1 is not implemented yet")
+        raise CliError(f"--scheduler-type {sched} is not implemented yet")
+    for dest in ("deadline_startup_ms", "deadline_max_prefill_deferral_ms", "deadline_lm_step_ms",
+                 "deadline_codec_ms", "deadline_prefill_ms"):
+        if dest in kept and not kept[dest] >= 0:
+            raise CliError(f"--{dest.replace('_', '-')} must be >= 0")
     if kept.get("bench_audio") is not None:
         raise CliError("--bench-audio is not implemented yet: no served model takes reference audio")
 
@@ -223,6 +237,21 @@ def _check_bench_kwargs(text: str) -> None:
         raise CliError("--bench-kwargs must be a JSON object")
 
 
+def _check_server_values(kept: dict[str, Any]) -> None:
+    dp_size = kept.get("dp_size", 1)
+    if dp_size < 1:
+        raise CliError("--dp-size must be >= 1")
+    if dp_size > 1 and kept.get("bench_requests", 0) > 0:
+        raise CliError("--bench-requests runs one replica; drop --dp-size")
+    if dp_size > 1 and kept.get("device", "auto").startswith("cuda:"):
+        raise CliError(f"--device {kept['device']} names one GPU; --dp-size {dp_size} uses GPUs 0..{dp_size - 1}")
+    for dest in ("request_timeout_s", "max_upload_mb"):
+        if dest in kept and not kept[dest] > 0:
+            raise CliError(f"--{dest.replace('_', '-')} must be > 0")
+    if kept.get("max_queued_requests", 0) < 0:
+        raise CliError("--max-queued-requests must be >= 0")
+
+
 def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
     """The frozen config from validated flags (missing ones take their defaults)."""
     v = {**_defaults(), **kept}
@@ -234,10 +263,15 @@ def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
         scheduler=SchedulerConfig(
             sched, v["max_batch_size"], v["max_prefill_tokens"], v["max_prefill_seqs"],
             v["max_codec_batch"], v["detokenize_interval"], v["max_queued_requests"],
+            async_scheduling=v["async_scheduling"], trace_dir=v["trace_dir"],
+            deadline_startup_ms=v["deadline_startup_ms"],
+            deadline_max_prefill_deferral_ms=v["deadline_max_prefill_deferral_ms"],
+            deadline_lm_step_ms=v["deadline_lm_step_ms"], deadline_codec_ms=v["deadline_codec_ms"],
+            deadline_prefill_ms=v["deadline_prefill_ms"],
         ),
         engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"]),
         bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"]),
-        server=ServerConfig(v["host"], v["port"]),
+        server=ServerConfig(v["host"], v["port"], v["dp_size"], v["request_timeout_s"], v["max_upload_mb"]),
     )
 
 

@@ -6,7 +6,7 @@ Nothing mutates a config after start-up; components receive the part they need.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -43,6 +43,16 @@ class SchedulerConfig:
     max_codec_batch: int = 64
     detokenize_interval: int | None = None  # frames per audio chunk; None: the program's default
     max_queued_requests: int = 1024
+    async_scheduling: bool = False  # plan step k+1 while the device runs step k
+    trace_dir: str | None = None  # JSON-lines traces of stage launches and scheduling decisions
+    # `deadline` policy: the first-audio deadline of a new stream, the longest a prefill may be
+    # deferred for running streams, and cost estimates (per model and GPU) of one LM decode step,
+    # one codec launch and one prefill launch.
+    deadline_startup_ms: float = 500.0
+    deadline_max_prefill_deferral_ms: float = 500.0
+    deadline_lm_step_ms: float = 10.0
+    deadline_codec_ms: float = 3.0
+    deadline_prefill_ms: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -62,8 +72,13 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
+    """The HTTP server and its scheduler processes (Python runtime)."""
+
     host: str = "127.0.0.1"
     port: int = 8000
+    dp_size: int = 1  # replicas (scheduler processes), one per GPU
+    request_timeout_s: float = 300.0  # a request still running after this is aborted
+    max_upload_mb: float = 10.0  # largest reference-audio upload
 
 
 @dataclass(frozen=True)
@@ -86,3 +101,9 @@ class VoxConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VoxConfig:
+        """The inverse of `to_dict` (a scheduler process receives its config this way)."""
+        parts = {f.name: f.default_factory for f in fields(cls) if f.default_factory is not MISSING}
+        return cls(**{key: parts[key](**value) if key in parts else value for key, value in data.items()})

@@ -1,49 +1,120 @@
-"""The Python runtime's core loop: schedule, execute, update (scheduler and worker in one process)."""
+"""The Python runtime's core loop: schedule, execute, update (scheduler and worker in one process).
+
+Synchronous (default): plan a step, run it, apply its results. With `--async-scheduling` the
+loop plans and launches step k+1 before it collects step k, so the host plans while the device
+runs; the scheduler and the worker handle the tokens that step k has not returned yet
+(`LmRow.pending_input`). Any worker with `launch(plan) -> handle` and `collect(handle) ->
+StepResult` drives it: the program worker, or the simulated engine (vox_serve/sim).
+"""
 
 from __future__ import annotations
 
 import logging
+import time
 import traceback
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from vox_serve.scheduler.base import Scheduler
-from vox_serve.worker.program_worker import ProgramWorker
+from vox_serve.scheduler.plan import StepPlan, StepResult
+from vox_serve.trace import Tracer
 
 log = logging.getLogger(__name__)
 
 
+class Worker(Protocol):
+    timer: str  # what stage times measure: "cuda" events, "wall" time or a "sim" cost model
+
+    def launch(self, plan: StepPlan) -> Any: ...
+
+    def collect(self, handle: Any) -> StepResult: ...
+
+
 class EngineLoop:
-    def __init__(self, scheduler: Scheduler, worker: ProgramWorker) -> None:
+    def __init__(self, scheduler: Scheduler, worker: Worker, async_scheduling: bool | None = None,
+                 tracer: Tracer | None = None) -> None:
         self.scheduler, self.worker = scheduler, worker
+        config = scheduler.config
+        self.async_scheduling = config.async_scheduling if async_scheduling is None else async_scheduling
+        if tracer is None and config.trace_dir:
+            tracer = Tracer(config.trace_dir, getattr(worker, "timer", "wall"))
+        self.tracer = tracer
+        if tracer is not None:
+            tracer.header(scheduler)
         self.num_steps = 0
+        self._in_flight: tuple[StepPlan, Any] | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Requests left or a step still on the device."""
+        return self.scheduler.has_work() or self._in_flight is not None
 
     def step(self) -> bool:
-        """One step; False when there was nothing to run. A failing step fails only its requests."""
+        """One step; False when nothing was launched or collected. A failing step fails only its requests."""
+        start = time.perf_counter()
         plan = self.scheduler.schedule()
-        if plan.is_empty:
-            return False
-        self.num_steps += 1
-        try:
-            result = self.worker.execute(plan)
-        except Exception as exc:  # the server must outlive any one step
-            log.error("step %d failed: %s\n%s", plan.step_id, exc, traceback.format_exc())
-            self.scheduler.fail(plan, f"{type(exc).__name__}: {exc}")
-            return True
-        self.scheduler.update(plan, result)
-        return True
+        launched = None
+        if not plan.is_empty:
+            self.num_steps += 1
+            if self.tracer is not None:
+                self.tracer.decision(self.scheduler, plan, time.perf_counter() - start)
+            launched = self._launch(plan)
+        if not self.async_scheduling:
+            if launched is not None:
+                self._collect(*launched)
+            return not plan.is_empty
+        previous, self._in_flight = self._in_flight, launched
+        if previous is not None:
+            self._collect(*previous)
+        return not plan.is_empty or previous is not None
 
-    def run_until_idle(self, max_idle_steps: int = 3) -> None:
+    def drain(self) -> None:
+        """Collect the step in flight, if any."""
+        previous, self._in_flight = self._in_flight, None
+        if previous is not None:
+            self._collect(*previous)
+
+    def _launch(self, plan: StepPlan) -> tuple[StepPlan, Any] | None:
+        try:
+            return plan, self.worker.launch(plan)
+        except Exception as exc:  # the server must outlive any one step
+            self._fail(plan, exc)
+            return None
+
+    def _collect(self, plan: StepPlan, handle: Any) -> None:
+        try:
+            result = self.worker.collect(handle)
+        except Exception as exc:
+            self._fail(plan, exc)
+            return
+        if self.tracer is not None:
+            self.tracer.stages(plan, result)
+        self.scheduler.update(plan, result)
+
+    def _fail(self, plan: StepPlan, exc: Exception) -> None:
+        log.error("step %d failed: %s\n%s", plan.step_id, exc, traceback.format_exc())
+        self.scheduler.fail(plan, f"{type(exc).__name__}: {exc}")
+
+    def run_until_idle(self, max_idle_steps: int = 3, sleep: Callable[[float], None] = time.sleep) -> None:
         """Step until no request is left.
 
-        Empty plans while requests remain mean the head of the queue can never be admitted (nothing
-        runs that could free pages): fail it rather than spin forever.
+        A policy holding work back (audio not due yet) says when it wants to run again; the loop
+        sleeps until then. Empty plans otherwise mean the head of the queue can never be admitted
+        (nothing runs that could free pages): fail it rather than spin forever.
         """
         idle = 0
-        while self.scheduler.has_work():
+        while self.busy:
             if self.step():
                 idle = 0
+                continue
+            wake = self.scheduler.next_wakeup()
+            if wake is not None:
+                sleep(max(wake - self.scheduler.clock(), 0.0))
                 continue
             idle += 1
             if idle >= max_idle_steps and self.scheduler.waiting:
                 head = self.scheduler.waiting[0]
                 self.scheduler.abort(head.req_id, "stalled: the KV cache cannot hold this request")
                 idle = 0
+        if self.tracer is not None:
+            self.tracer.flush()

@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         except CheckpointError as exc:  # a model the user named that cannot be loaded
             warn(f"error: {exc}")
             return 2
-    warn("error: the HTTP server is not implemented yet in this build; use --bench-requests N")
-    return 2
+    from vox_serve.api.server import serve
+
+    return serve(config)
 
 
 if __name__ == "__main__":

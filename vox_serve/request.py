@@ -65,14 +65,16 @@ class RequestStats:
     first_token: float | None = None
     first_audio: float | None = None
     finished: float | None = None
-    num_audio_samples: int = 0
+    num_audio_samples: int = 0  # audio sent to the client so far
+    last_chunk_samples: int = 0  # of the most recent chunk: where the client's playback of it starts
+    last_decode: float | None = None  # when the request last had a token row in a step (starvation guard)
 
 
 AudioSink = Callable[["Request", bytes | None, bool], None]
 """Called with (request, pcm16 bytes or None, is_final) for every chunk and once at the end."""
 
 
-@dataclass
+@dataclass(eq=False)  # one object per request: identity is equality (and list lookups stay O(1) per item)
 class Request:
     """Everything the scheduler knows about one request.
 
@@ -91,6 +93,7 @@ class Request:
     tokens: list[list[int]] = field(default_factory=list)
     codes: list[int] = field(default_factory=list)
     next_chunk: int = 0  # index of the next audio chunk to decode
+    num_pending: int = 0  # tokens sampled by a step still in flight (asynchronous scheduling)
     finish_reason: str | None = None
     error: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)

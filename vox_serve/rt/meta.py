@@ -52,6 +52,11 @@ class EngineLimits:
     page_size: int
     max_model_len: int
     repetition_window: int = 64
+    num_codec_slots: int = 0  # streaming-state slots of a stateful codec (0: twice max_batch)
+
+    @property
+    def codec_slots(self) -> int:
+        return self.num_codec_slots or 2 * self.max_batch
 
     @property
     def max_pages_per_seq(self) -> int:

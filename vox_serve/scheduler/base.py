@@ -1,23 +1,35 @@
-"""The base scheduling policy and the request life cycle it drives (pure Python, no torch).
+"""The base scheduling policy and the request life cycle every policy shares (pure Python, no torch).
 
-Each step: audio chunks that are ready are decoded (one per request, in arrival order); new
-requests are admitted and prefilled first; every other running request decodes one token.
+Each step: audio chunks that are ready are decoded (in arrival order); new requests are admitted
+and prefilled first; every other running request decodes one token.
 KV pages: admission reserves the prompt's pages; decoding extends a request page by page. When a
 decode finds no free page, the most recently admitted request is preempted: its pages are freed,
 it keeps its generated tokens and audio, and it returns to the front of the queue to recompute
 its KV when pages free up. So running out of pages never fails a request; new requests wait.
+Requests in the step being planned, or in the step still on the device, are never preempted.
+
+Policies (online.py, offline.py, deadline.py) subclass `Scheduler` and override these hooks:
+`select_codec` (which chunks to decode), `admission_order` / `can_admit` / `defer_admissions`
+(which waiting requests to prefill), `decode_order` (who gets the decode batch when it is
+full) and `next_wakeup` (when a policy that is holding work back wants to run again).
+
+Asynchronous scheduling (`async_scheduling`): `schedule()` may be called again before the previous
+plan's `update()`. A request decoding in the step in flight then decodes again with a placeholder
+input (`LmRow.pending_input`); a request that stops is retired when its stop arrives, and whatever
+was planned for it in the meantime is discarded, so nothing is emitted past a stop. Its pages are
+freed only once no step in flight writes them.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from vox_serve.config import SchedulerConfig
 from vox_serve.request import OutKind, Request, RequestStatus
 from vox_serve.rt.meta import EngineLimits, ProgramMeta
-from vox_serve.rt.page_pool import PagePool
+from vox_serve.rt.page_pool import PagePool, SlotPool
 from vox_serve.scheduler.chunks import ChunkGeometry
 from vox_serve.scheduler.plan import CodecRow, LmOut, LmRow, StepPlan, StepResult
 
@@ -27,16 +39,26 @@ class QueueFull(RuntimeError):
 
 
 class Scheduler:
+    name = "base"
+
     def __init__(self, meta: ProgramMeta, limits: EngineLimits, config: SchedulerConfig,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.meta, self.limits, self.config, self.clock = meta, limits, config, clock
         self.pool = PagePool(limits.num_pages, limits.page_size)
+        self.slots = SlotPool(limits.codec_slots) if meta.stateful_codec else None
         self.geometry = ChunkGeometry.from_meta(meta, limits.frames_per_chunk)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted (holding pages), generating tokens
         self.draining: list[Request] = []  # tokens done, audio left
         self.step_id = 0
+        self.now = clock()
+        self.reasons: dict[str, dict[str, str]] = {}  # stage -> req_id -> why (for traces)
+        self.notes: list[str] = []  # step-level decisions (for traces)
+        self._in_flight: dict[int, set[str]] = {}  # planned, not yet updated: step -> LM row req ids
+        self._codec_in_flight: dict[int, set[str]] = {}  # step -> req ids with chunks in it
+        self._free_later: set[str] = set()  # ended requests whose pages a step in flight still writes
+        self._released_slots: list[int] = []
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -67,62 +89,137 @@ class Scheduler:
     def num_active(self) -> int:
         return len(self.requests)
 
+    @property
+    def num_in_flight(self) -> int:
+        """Planned steps whose results have not been applied yet (asynchronous scheduling: at most 1)."""
+        return len(self._in_flight)
+
+    def next_wakeup(self) -> float | None:
+        """When a policy holding work back will plan it without any new event (None: never waits)."""
+        return None
+
     # ---- planning ------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         self.step_id += 1
+        self.now = self.clock()
+        self.reasons = {"codec": {}, "prefill": {}, "decode": {}}
+        self.notes = []
         plan = StepPlan(self.step_id)
         plan.codec = self.select_codec()
         plan.prefill = self.select_prefill()
-        prefilled = {r.req_id for r in plan.prefill}
-        plan.decode = self.select_decode(prefilled)
+        plan.decode = self.select_decode({r.req_id for r in plan.prefill})
+        plan.released_slots, self._released_slots = self._released_slots, []
+        self._mark_planned(plan)
         return plan
 
+    def _mark_planned(self, plan: StepPlan) -> None:
+        """The plan's rows will run: their KV counts as computed and their samples as pending."""
+        for row in plan.prefill + plan.decode:
+            req = self.requests[row.req_id]
+            req.num_computed = row.kv_len
+            req.stats.last_decode = self.now
+            if row.sample:
+                req.num_pending += 1
+        if not plan.is_empty:
+            self._in_flight[plan.step_id] = {r.req_id for r in plan.prefill + plan.decode}
+            self._codec_in_flight[plan.step_id] = {r.req_id for r in plan.codec}
+
+    # ---- codec ---------------------------------------------------------------------------
     def select_codec(self) -> list[CodecRow]:
+        """Base: every ready chunk, requests in arrival order."""
+        reqs = sorted(self.running + self.draining, key=lambda r: r.stats.arrival)
+        return self.take_chunks(reqs, "ready")
+
+    def take_chunks(self, reqs: Iterable[Request], why: str | Callable[[Request], str],
+                    room: int | None = None) -> list[CodecRow]:
+        """Ready chunks of `reqs` in that order, at most `room` (default: the codec batch limit).
+
+        A stateless codec may decode several chunks of one request in one batch (in order); a
+        stateful one gets at most one per request, since each chunk advances the request's state.
+        """
+        room = self.limits.max_codec_batch if room is None else room
         rows: list[CodecRow] = []
-        for req in sorted(self.running + self.draining, key=lambda r: r.stats.arrival):
-            if len(rows) >= self.limits.max_codec_batch:
+        for req in reqs:
+            if len(rows) >= room:
                 break
-            row = self._next_codec_row(req)
-            if row is not None:
-                rows.append(row)
+            took = self._chunk_rows(req, room - len(rows))
+            if took:
+                self.reasons["codec"][req.req_id] = why if isinstance(why, str) else why(req)
+                rows.extend(took)
         return rows
 
-    def _next_codec_row(self, req: Request) -> CodecRow | None:
-        num_frames = len(req.codes) // self.geometry.codes_per_frame
-        window = self.geometry.chunk(req.next_chunk, num_frames, final=req.status is RequestStatus.DRAINING)
-        if window is None:
-            return None
-        req.next_chunk += 1
-        return CodecRow(req.req_id, window.chunk_index, self.geometry.frames_of(req.codes, window),
-                        window.num_frames, window.first_frame, req.sampling.seed)
+    def has_ready_chunk(self, req: Request) -> bool:
+        return self._window(req, req.next_chunk) is not None
 
+    def _window(self, req: Request, index: int):  # noqa: ANN202
+        num_frames = len(req.codes) // self.geometry.codes_per_frame
+        return self.geometry.chunk(index, num_frames, final=req.status is RequestStatus.DRAINING)
+
+    def _chunk_rows(self, req: Request, room: int) -> list[CodecRow]:
+        slot = 0
+        if self.slots is not None:
+            room = min(room, 1)
+            has_slot = self.slots.slot(req.req_id) is not None
+            if not self.has_ready_chunk(req) or not (has_slot or self.slots.can_acquire()):
+                return []
+            slot = self.slots.acquire(req.req_id)
+        rows: list[CodecRow] = []
+        while len(rows) < room and (window := self._window(req, req.next_chunk)) is not None:
+            req.next_chunk += 1
+            is_last = req.status is RequestStatus.DRAINING and self._window(req, req.next_chunk) is None
+            rows.append(CodecRow(req.req_id, window.chunk_index, self.geometry.frames_of(req.codes, window),
+                                 window.num_frames, window.first_frame, req.sampling.seed, slot, is_last))
+        return rows
+
+    # ---- prefill and admission -----------------------------------------------------------
     def select_prefill(self) -> list[LmRow]:
         rows: list[LmRow] = []
         budget = self.limits.max_prefill_tokens
-        pending = [r for r in self.running if r.total_len - r.num_computed > 1]
-        for req in pending:
+        for req in [r for r in self.running if self._todo(r) > 1]:
             if len(rows) >= self.limits.max_prefill_seqs or budget <= 0:
                 return rows
             row = self._prefill_row(req, budget)
             if row is not None:
                 rows.append(row)
                 budget -= row.num_tokens
-        while self.waiting and len(rows) < self.limits.max_prefill_seqs and budget > 0:
-            if len(self.running) >= self.limits.max_batch:
+                self.reasons["prefill"][req.req_id] = "continue"
+        if not self.waiting or self.defer_admissions():
+            return rows
+        for req in self.admission_order():
+            if len(rows) >= self.limits.max_prefill_seqs or budget <= 0 or not self.can_admit(req):
                 break
-            req = self.waiting[0]
             row = self._prefill_row(req, budget)
             if row is None:
                 break  # not enough pages: wait for running requests to free some
-            self.waiting.popleft()
+            self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             rows.append(row)
             budget -= row.num_tokens
+            self.reasons["prefill"][req.req_id] = self.admission_reason(req)
         return rows
 
+    def admission_order(self) -> list[Request]:
+        """Base: first come, first served (preempted requests are back at the front)."""
+        return list(self.waiting)
+
+    def can_admit(self, req: Request) -> bool:
+        """Base: as many running requests as the decode batch holds."""
+        return len(self.running) < self.limits.max_batch
+
+    def admission_reason(self, req: Request) -> str:
+        return "new" if req.num_generated == 0 else "readmit after preemption"
+
+    def defer_admissions(self) -> bool:
+        """True to admit no new request this step (base: never)."""
+        return False
+
+    def _todo(self, req: Request) -> int:
+        """Positions whose KV is not written yet, counting tokens sampled in flight."""
+        return req.total_len + req.num_pending - req.num_computed
+
     def _prefill_row(self, req: Request, budget: int) -> LmRow | None:
-        todo = req.total_len - req.num_computed
+        todo = self._todo(req)
         n = min(todo, budget)
         if n < todo and budget < self.limits.max_prefill_tokens:
             return None  # chunk long prompts only when they have the step's whole budget
@@ -132,30 +229,53 @@ class Scheduler:
         self.pool.reserve(req.req_id, kv_len)
         return self._lm_row(req, n, sample=n == todo)
 
+    # ---- decode --------------------------------------------------------------------------
     def select_decode(self, exclude: set[str]) -> list[LmRow]:
         rows: list[LmRow] = []
         planned = set(exclude)
-        for req in list(self.running):
-            if req.req_id in planned or req.total_len - req.num_computed != 1 or req not in self.running:
-                continue
+        candidates = [r for r in self.running if r.req_id not in planned and self._decodable(r)]
+        for req in self.decode_order(candidates):
+            if len(rows) >= self.limits.max_batch:
+                break
+            if req not in self.running:
+                continue  # preempted to make room for an earlier row
             if self._ensure_pages(req, planned):
                 rows.append(self._lm_row(req, 1, sample=True))
                 planned.add(req.req_id)
+                self.reasons["decode"].setdefault(req.req_id, "running")
         return rows
 
-    def _ensure_pages(self, req: Request, planned: set[str]) -> bool:
-        """Reserve pages for req's next token, preempting the newest unplanned requests first.
+    def decode_order(self, candidates: list[Request]) -> list[Request]:
+        """Who decodes first when the batch is full (base: admission order)."""
+        return candidates
 
-        Requests already in this step's plan are never preempted (the step writes their pages).
-        Returns False when req itself had to be preempted.
+    def _decodable(self, req: Request) -> bool:
+        """One token to decode, and room for it (a token in flight may be the request's last)."""
+        generated = req.num_generated + req.num_pending
+        return (self._todo(req) == 1 and generated < req.sampling.max_tokens
+                and req.total_len + req.num_pending < self.limits.max_model_len)
+
+    def _ensure_pages(self, req: Request, planned: set[str]) -> bool:
+        """Reserve pages for req's next token, preempting the newest unprotected requests first.
+
+        Requests already in this step's plan or in a step in flight are never preempted (those
+        steps write their pages). Returns False when req itself was preempted or must wait.
         """
-        while not self.pool.can_reserve(req.req_id, req.total_len):
-            victim = next(r for r in reversed(self.running) if r.req_id not in planned)
+        kv_len = req.num_computed + 1
+        while not self.pool.can_reserve(req.req_id, kv_len):
+            protected = planned | self._flying_ids()
+            victim = next((r for r in reversed(self.running) if r.req_id not in protected), None)
+            if victim is None:
+                self.notes.append(f"{req.req_id} waits a step for a KV page")
+                return False
             self._preempt(victim)
             if victim is req:
                 return False
-        self.pool.reserve(req.req_id, req.total_len)
+        self.pool.reserve(req.req_id, kv_len)
         return True
+
+    def _flying_ids(self) -> set[str]:
+        return set().union(*self._in_flight.values()) if self._in_flight else set()
 
     def _preempt(self, req: Request) -> None:
         self.pool.free(req.req_id)
@@ -163,41 +283,57 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         self.running.remove(req)
         self.waiting.appendleft(req)
+        self.notes.append(f"preempted {req.req_id}: out of KV pages")
 
     def _lm_row(self, req: Request, n: int, sample: bool) -> LmRow:
         s = req.sampling
         start = req.num_computed
+        known = min(start + n, req.total_len)
+        pending = start + n > req.total_len  # the last input is the token sampled in flight
+        input_ids = [req.input_row(p) for p in range(start, known)]
+        if pending:
+            input_ids.append([0] * self.meta.input_columns)
         return LmRow(
-            req_id=req.req_id, input_ids=[req.input_row(p) for p in range(start, start + n)],
+            req_id=req.req_id, input_ids=input_ids,
             start_pos=start, pages=self.pool.pages(req.req_id), sample=sample,
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
-            repetition_penalty=s.repetition_penalty, history=req.history(s.repetition_window),
-            gen_index=req.num_generated, num_codes=len(req.codes), allow_stop=not s.ignore_eos, seed=s.seed,
+            repetition_penalty=s.repetition_penalty,
+            history=req.history(s.repetition_window) if s.repetition_penalty != 1.0 else [],  # 1.0: no effect
+            gen_index=req.num_generated + req.num_pending, num_codes=len(req.codes),
+            allow_stop=not s.ignore_eos, seed=s.seed, pending_input=pending,
         )
 
     # ---- results -------------------------------------------------------------------------
     def update(self, plan: StepPlan, result: StepResult) -> None:
         now = self.clock()
+        self._in_flight.pop(plan.step_id, None)
+        self._codec_in_flight.pop(plan.step_id, None)
         for row in plan.prefill + plan.decode:
             req = self.requests.get(row.req_id)
-            if req is not None and req.status is RequestStatus.RUNNING:
-                req.num_computed = row.kv_len
+            if req is not None and row.sample:
+                req.num_pending -= 1
         for out in result.prefill + result.decode:
             req = self.requests.get(out.req_id)
             if req is not None and req.status is RequestStatus.RUNNING:
                 self._on_token(req, out, now)
         for chunk in result.codec:
             req = self.requests.get(chunk.req_id)
-            if req is None:
-                continue
-            if req.stats.first_audio is None:
-                req.stats.first_audio = now
-            req.stats.num_audio_samples += len(chunk.pcm) // 2
-            if req.sink is not None:
-                req.sink(req, chunk.pcm, False)
+            if req is not None:
+                self._on_audio(req, chunk.pcm, now)
+        decoding = set().union(*self._codec_in_flight.values())  # chunks still on the device
         for req in list(self.draining):
-            if self._next_codec_done(req):
+            if req.req_id not in decoding and self._next_codec_done(req):
                 self._end(req, RequestStatus.FINISHED, req.finish_reason)
+        self._free_landed_pages()
+
+    def _on_audio(self, req: Request, pcm: bytes, now: float) -> None:
+        if req.stats.first_audio is None:
+            req.stats.first_audio = now
+        samples = len(pcm) // 2
+        req.stats.num_audio_samples += samples
+        req.stats.last_chunk_samples = samples
+        if req.sink is not None:
+            req.sink(req, pcm, False)
 
     def _on_token(self, req: Request, out: LmOut, now: float) -> None:
         if req.stats.first_token is None:
@@ -214,7 +350,7 @@ class Scheduler:
     def _finish_generation(self, req: Request, reason: str) -> None:
         req.finish_reason = reason
         req.status = RequestStatus.DRAINING
-        self.pool.free(req.req_id)
+        self._free_pages(req)
         self.running.remove(req)
         self.draining.append(req)
 
@@ -224,13 +360,19 @@ class Scheduler:
 
     def fail(self, plan: StepPlan, error: str) -> None:
         """A step raised: fail exactly the requests it carried; the others go on."""
+        self._in_flight.pop(plan.step_id, None)
+        self._codec_in_flight.pop(plan.step_id, None)
         for row in plan.prefill + plan.decode + plan.codec:
             req = self.requests.get(row.req_id)
             if req is not None:
                 self._end(req, RequestStatus.FAILED, "error", error)
+        self._free_landed_pages()
 
     def _end(self, req: Request, status: RequestStatus, reason: str | None, error: str | None = None) -> None:
-        self.pool.free(req.req_id)
+        self._free_pages(req)
+        if self.slots is not None and (slot := self.slots.slot(req.req_id)) is not None:
+            self.slots.release(req.req_id)
+            self._released_slots.append(slot)
         for queue in (self.running, self.draining):
             if req in queue:
                 queue.remove(req)
@@ -241,3 +383,16 @@ class Scheduler:
         req.stats.finished = self.clock()
         if req.sink is not None:
             req.sink(req, None, True)
+
+    def _free_pages(self, req: Request) -> None:
+        if req.req_id in self._flying_ids():
+            self._free_later.add(req.req_id)
+        else:
+            self.pool.free(req.req_id)
+
+    def _free_landed_pages(self) -> None:
+        if self._free_later:
+            flying = self._flying_ids()
+            for req_id in [r for r in self._free_later if r not in flying]:
+                self.pool.free(req_id)
+                self._free_later.discard(req_id)

@@ -32,6 +32,11 @@ class LmRow:
     num_codes: int  # audio codes so far (position inside the frame)
     allow_stop: bool  # False while ignore_eos holds
     seed: int
+    # Asynchronous scheduling: the row's last input is the token this request samples in the step
+    # still in flight, unknown to the host when the row is planned. `input_ids` holds a placeholder
+    # for it; `num_codes` and `history` leave it out, and the worker adds it on the device from
+    # that step's outputs. `gen_index` and `start_pos` already count it.
+    pending_input: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -66,10 +71,15 @@ class StepPlan:
     prefill: list[LmRow] = field(default_factory=list)
     decode: list[LmRow] = field(default_factory=list)
     codec: list[CodecRow] = field(default_factory=list)
+    released_slots: list[int] = field(default_factory=list)  # codec slots to reset before this step
 
     @property
     def is_empty(self) -> bool:
-        return not (self.prefill or self.decode or self.codec)
+        return not (self.prefill or self.decode or self.codec or self.released_slots)
+
+    @property
+    def num_lm_rows(self) -> int:
+        return len(self.prefill) + len(self.decode)
 
 
 @dataclass

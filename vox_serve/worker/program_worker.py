@@ -1,15 +1,23 @@
 """The worker: step plans in, step results out. Fills the program's arenas and runs its stages.
 
-Per launch: fill the host arena, one host->device copy, the stage, one device->host copy of the
-outputs. Rows are padded to the stage's bucket; padded rows write only into the null KV page.
+Per launch: fill the host arena, one host->device copy, the stage, a device->host copy of the
+outputs into the step's own pinned buffers. Rows are padded to the stage's bucket; padded rows
+write only into the null KV page.
+
+`launch(plan)` enqueues a step and returns at once on a GPU; `collect(handle)` waits for its
+outputs (`execute` does both). With asynchronous scheduling step k+1 is launched before step k is
+collected: its decode rows marked `pending_input` take their input token (and its history and
+code-count contribution) on the device from step k's sampled outputs.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 
+from vox_serve.request import OutKind
 from vox_serve.rt.attention import AttentionPlan
 from vox_serve.rt.engine import bucket_sizes, pick_bucket
 from vox_serve.rt.graphs import StageGraphs
@@ -19,6 +27,24 @@ from vox_serve.scheduler.plan import CodecOut, CodecRow, LmOut, LmRow, StepPlan,
 NULL_SLOT = 0  # token slot 0 lies in the reserved null page
 
 
+@dataclass
+class _Samples:
+    """Sampled outputs of one LM launch: device snapshots and their host copies."""
+
+    rows: list[LmRow]
+    dev: dict[str, torch.Tensor]  # tokens [n, codes_per_step], codes [n, codes_per_step], out_kind [n]
+    host: dict[str, torch.Tensor]
+
+
+@dataclass
+class StepHandle:
+    plan: StepPlan
+    lm: dict[str, _Samples] = field(default_factory=dict)  # "prefill" / "decode"
+    codec: tuple[list[CodecRow], torch.Tensor] | None = None  # rows, host pcm [n, samples]
+    timers: dict[str, tuple] = field(default_factory=dict)  # stage -> (start, end) events or seconds
+    done: torch.cuda.Event | None = None
+
+
 class ProgramWorker:
     def __init__(self, program: Program, use_cuda_graphs: bool = False) -> None:
         self.program = program
@@ -26,6 +52,11 @@ class ProgramWorker:
         self.decode_buckets = bucket_sizes(lim.max_batch)
         self.prefill_buckets = bucket_sizes(lim.max_prefill_tokens, min(16, lim.max_prefill_tokens))
         self.codec_buckets = bucket_sizes(lim.max_codec_batch)
+        self.on_cuda = program.device.type == "cuda"
+        self.timer = "cuda" if self.on_cuda else "wall"
+        self._last: StepHandle | None = None  # the step launched last (source of pending inputs)
+        self._uploaded: dict[str, torch.cuda.Event] = {}  # arena -> event after its last upload
+        self._timers: dict[str, tuple] = {}  # stage -> (start, end) of the step being launched
         self.graphs: StageGraphs | None = None
         if use_cuda_graphs and program.device.type == "cuda":
             self.graphs = StageGraphs(program)
@@ -47,46 +78,155 @@ class ProgramWorker:
             arena.upload()
 
     def _launch(self, stage: str, bucket: int, *args: int) -> None:
-        """Replay the captured graph of (stage, bucket), or run the stage eagerly."""
+        """Replay the captured graph of (stage, bucket), or run the stage eagerly; time it on the device."""
+        if self.on_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            start = time.perf_counter()
         if self.graphs is not None and self.graphs.has(stage, bucket):
             self.graphs.replay(stage, bucket)
         else:
             getattr(self.program, stage)(bucket, *args)
+        if self.on_cuda:
+            end.record()
+        else:
+            end = time.perf_counter()
+        self._timers[stage] = (start, end)
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one step: codec chunks first (their audio is due soonest), then prefill, then decode."""
-        result = StepResult(plan.step_id)
+        return self.collect(self.launch(plan))
+
+    def launch(self, plan: StepPlan) -> StepHandle:
+        handle = StepHandle(plan)
+        self._timers = handle.timers
         with torch.inference_mode():
+            carry = self._carry(plan.decode)  # before this step's stages overwrite anything
+            for slot in plan.released_slots:
+                self.program.release_codec_slot(slot)
             if plan.codec:
-                result.codec = self._timed(result, "codec", self._run_codec, plan.codec)
+                self._run_codec(handle, plan.codec)
             if plan.prefill:
-                result.prefill = self._timed(result, "prefill", self._run_lm, "prefill", plan.prefill)
+                self._run_lm(handle, "prefill", plan.prefill, None)
             if plan.decode:
-                result.decode = self._timed(result, "decode", self._run_lm, "decode", plan.decode)
+                self._run_lm(handle, "decode", plan.decode, carry)
+            if self.on_cuda:
+                handle.done = torch.cuda.Event()
+                handle.done.record()
+        self._last = handle
+        return handle
+
+    def collect(self, handle: StepHandle) -> StepResult:
+        if handle.done is not None:
+            handle.done.synchronize()
+        result = StepResult(handle.plan.step_id)
+        for stage, samples in handle.lm.items():
+            setattr(result, stage, self._lm_outs(samples))
+        if handle.codec is not None:
+            rows, pcm = handle.codec
+            spf = self.program.meta.samples_per_frame
+            result.codec = [CodecOut(r.req_id, r.chunk_index, pcm[i, : r.num_frames * spf].numpy().tobytes())
+                            for i, r in enumerate(rows)]
+        for stage, (start, end) in handle.timers.items():
+            result.stage_seconds[stage] = start.elapsed_time(end) / 1000 if self.on_cuda else end - start
         return result
 
     @staticmethod
-    def _timed(result: StepResult, name: str, fn, *args):  # noqa: ANN001, ANN205
-        start = time.perf_counter()
-        out = fn(*args)
-        result.stage_seconds[name] = time.perf_counter() - start
-        return out
+    def _lm_outs(samples: _Samples) -> list[LmOut]:
+        n = len(samples.rows)
+        tokens = samples.host["tokens"][:n].tolist()
+        codes = samples.host["codes"][:n].tolist()
+        kinds = samples.host["out_kind"][:n].tolist()
+        return [LmOut(r.req_id, tokens[i], codes[i], kinds[i]) for i, r in enumerate(samples.rows) if r.sample]
+
+    def _to_host(self, dev: torch.Tensor) -> torch.Tensor:
+        """An asynchronous copy of a device snapshot into its own (pinned) host tensor."""
+        if not self.on_cuda:
+            return dev
+        host = torch.empty(dev.shape, dtype=dev.dtype, pin_memory=True)
+        host.copy_(dev, non_blocking=True)
+        return host
+
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        t = torch.tensor(values, dtype=torch.int64)
+        return t.pin_memory().to(self.program.device, non_blocking=True) if self.on_cuda else t
+
+    def _upload(self, name: str) -> None:
+        """Upload an input arena; remember when the copy has run so the host may write it again."""
+        self.program.arenas[name].upload()
+        if self.on_cuda:
+            event = torch.cuda.Event()
+            event.record()
+            self._uploaded[name] = event
+
+    def _host_arena(self, name: str) -> dict[str, torch.Tensor]:
+        """The host view of an input arena, once the device has read its previous contents."""
+        event = self._uploaded.pop(name, None)
+        if event is not None:
+            event.synchronize()
+        return self.program.arenas[name].host
+
+    # ---- pending inputs (asynchronous scheduling) ----------------------------------------
+    def _carry(self, rows: list[LmRow]) -> tuple[list[int], torch.Tensor, torch.Tensor] | None:
+        """(destination rows, tokens [m, codes_per_step], out_kind [m]) sampled last step for pending rows."""
+        pending = [i for i, r in enumerate(rows) if r.pending_input]
+        if not pending:
+            return None
+        last = self._last
+        sources: dict[str, int] = {}
+        parts_tok, parts_kind = [], []
+        offset = 0
+        for samples in (last.lm.values() if last is not None else ()):
+            for j, r in enumerate(samples.rows):
+                if r.sample:
+                    sources[r.req_id] = offset + j
+            parts_tok.append(samples.dev["tokens"])
+            parts_kind.append(samples.dev["out_kind"])
+            offset += len(samples.rows)
+        missing = [rows[i].req_id for i in pending if rows[i].req_id not in sources]
+        if missing:
+            raise ValueError(f"pending inputs of {missing} were not sampled by the previous step")
+        index = self._to_device([sources[rows[i].req_id] for i in pending])
+        tokens = torch.cat(parts_tok).index_select(0, index)
+        kinds = torch.cat(parts_kind).index_select(0, index)
+        return pending, tokens, kinds
+
+    def _patch_pending(self, rows: list[LmRow], carry: tuple[list[int], torch.Tensor, torch.Tensor]) -> None:
+        """Write last step's sampled tokens into this step's device inputs (no host round trip)."""
+        pending, tokens, kinds = carry
+        a = self.program.arenas["decode_in"]
+        dst = self._to_device(pending)
+        if a["input_ids"].shape[1] != tokens.shape[1]:
+            raise ValueError("pending inputs need input rows equal to the sampled token rows")
+        a["input_ids"].index_copy_(0, dst, tokens)
+        audio = (kinds == int(OutKind.AUDIO)).to(a["num_codes"].dtype) * tokens.shape[1]
+        a["num_codes"].index_add_(0, dst, audio)
+        window = a["history"].shape[1]
+        if window:
+            cols = self._to_device([min(len(rows[i].history), window - 1) for i in pending])
+            a["history"].index_put_((dst, cols), tokens[:, 0])
 
     # ---- LM ------------------------------------------------------------------------------
-    def _run_lm(self, stage: str, rows: list[LmRow]) -> list[LmOut]:
+    def _run_lm(self, handle: StepHandle, stage: str, rows: list[LmRow],
+                carry: tuple[list[int], torch.Tensor, torch.Tensor] | None) -> None:
         prog, lim = self.program, self.program.limits
         num_tokens = sum(r.num_tokens for r in rows)
         if stage == "prefill":
             if len(rows) > lim.max_prefill_seqs or num_tokens > lim.max_prefill_tokens:
                 raise ValueError(f"prefill of {len(rows)} seqs / {num_tokens} tokens exceeds the arena")
+            if any(r.pending_input for r in rows):
+                raise ValueError("prefill rows have no pending inputs")
             token_bucket, seq_bucket = pick_bucket(num_tokens, self.prefill_buckets), len(rows)
         else:
             if any(r.num_tokens != 1 for r in rows):
                 raise ValueError("decode rows carry exactly one token")
             token_bucket = seq_bucket = pick_bucket(len(rows), self.decode_buckets)
         arena_in, arena_out = prog.arenas[f"{stage}_in"], prog.arenas[f"{stage}_out"]
-        self._fill_lm(arena_in.host, rows, token_bucket, seq_bucket)
-        arena_in.upload()
+        self._fill_lm(self._host_arena(f"{stage}_in"), rows, token_bucket, seq_bucket)
+        self._upload(f"{stage}_in")
+        if carry is not None:
+            self._patch_pending(rows, carry)
         plan = AttentionPlan(len(rows), [r.num_tokens for r in rows], [r.kv_len for r in rows],
                              [r.pages for r in rows], token_bucket if stage == "decode" else None)
         prog.attention.plan(plan, attention_buffers(arena_in))
@@ -94,13 +234,9 @@ class ProgramWorker:
             self._launch("prefill", token_bucket, seq_bucket)
         else:
             self._launch("decode", token_bucket)
-        arena_out.download()
         n = len(rows)
-        tokens = arena_out.host["tokens"][:n].tolist()
-        codes = arena_out.host["codes"][:n].tolist()
-        kinds = arena_out.host["out_kind"][:n].tolist()
-        return [LmOut(r.req_id, tokens[i], codes[i], kinds[i]) for i, r in enumerate(rows) if r.sample]
-
+        dev = {name: arena_out[name][:n].clone() for name in ("tokens", "codes", "out_kind")}
+        handle.lm[stage] = _Samples(rows, dev, {name: self._to_host(t) for name, t in dev.items()})
     def _fill_lm(self, h: dict[str, torch.Tensor], rows: list[LmRow], token_bucket: int, seq_bucket: int) -> None:
         """Write rows into the host arena; pad tokens to token_bucket and sequences to seq_bucket."""
         page_size = self.program.limits.page_size
@@ -143,16 +279,17 @@ class ProgramWorker:
         window = h["history"].shape[1]
         hist = torch.full((n, window), -1, dtype=torch.int64)
         for i, r in enumerate(rows):
-            if r.history and window:
-                tail = r.history[-window:]
+            # A pending row leaves the last column free for the token the device fills in.
+            keep = window - 1 if r.pending_input else window
+            if r.history and keep > 0:
+                tail = r.history[-keep:]
                 hist[i, : len(tail)] = torch.tensor(tail, dtype=torch.int64)
         h["history"][:n] = hist
 
     # ---- codec ---------------------------------------------------------------------------
-    def _run_codec(self, rows: list[CodecRow]) -> list[CodecOut]:
+    def _run_codec(self, handle: StepHandle, rows: list[CodecRow]) -> None:
         prog = self.program
-        arena_in, arena_out = prog.arenas["codec_in"], prog.arenas["codec_out"]
-        h = arena_in.host
+        h = self._host_arena("codec_in")
         n = len(rows)
         if n > prog.limits.max_codec_batch:
             raise ValueError(f"{n} codec rows exceed --max-codec-batch {prog.limits.max_codec_batch}")
@@ -166,13 +303,9 @@ class ProgramWorker:
         h["first_frame"][:bucket] = torch.tensor([r.first_frame for r in rows] + [0] * (bucket - n))
         h["seed"][:bucket] = torch.tensor([r.seed for r in rows] + [0] * (bucket - n))
         h["slot"][:bucket] = torch.tensor([r.slot for r in rows] + [0] * (bucket - n))
-        arena_in.upload()
+        self._upload("codec_in")
         self._launch("codec", bucket)
-        arena_out.download()
-        spf = prog.meta.samples_per_frame
-        pcm = arena_out.host["pcm"]
-        return [CodecOut(r.req_id, r.chunk_index, pcm[i, : r.num_frames * spf].numpy().tobytes())
-                for i, r in enumerate(rows)]
+        handle.codec = rows, self._to_host(prog.arenas["codec_out"]["pcm"][:n].clone())
 
 
 def startup_report(program: Program, worker: ProgramWorker) -> str:

@@ -1,0 +1,59 @@
+"""Overload and time limits: past --max-queued-requests the server answers 503 with Retry-After, and
+--request-timeout-s ends every request that runs too long (and frees what it held)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from http_harness import Server, error_of, generate_concurrently, running_server, wait_until
+
+TIMEOUT_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running_server(tmp_path_factory.mktemp("http-limits"), "--max-batch-size", "1", "--max-queued-requests",
+                        "1", "--request-timeout-s", str(TIMEOUT_S)) as srv:
+        yield srv
+
+
+def test_overload_answers_503_with_retry_after(server: Server) -> None:
+    responses = generate_concurrently(server, [
+        {"text": f"Request {i}.", "max_tokens": 35, "ignore_eos": True, "streaming": False} for i in range(5)
+    ])
+    statuses = sorted(r.status_code for r in responses)
+    # One request runs and one waits; the others find the queue full.
+    assert statuses.count(200) >= 2 and statuses.count(503) >= 1 and set(statuses) <= {200, 503}, statuses
+    for r in responses:
+        if r.status_code == 503:
+            assert int(r.headers["retry-after"]) >= 1
+            assert error_of(r)["type"] == "queue_full"
+    wait_until(server.pools_full, 10.0)
+    assert server.client.post("/generate", json={"text": "After the rush.", "max_tokens": 35}).status_code == 200
+
+
+def test_request_timeout_ends_a_whole_request_with_504(server: Server) -> None:
+    start = time.monotonic()
+    response = server.client.post("/generate", json={"text": "Too long.", "max_tokens": 5000, "ignore_eos": True,
+                                                      "streaming": False})
+    elapsed = time.monotonic() - start
+    assert response.status_code == 504 and error_of(response)["type"] == "timeout", response.text
+    assert TIMEOUT_S <= elapsed < TIMEOUT_S + 5.0
+    wait_until(server.pools_full, 10.0)
+
+
+def test_request_timeout_cuts_a_stream(server: Server) -> None:
+    start = time.monotonic()
+    received = 0
+    with pytest.raises(httpx.RemoteProtocolError):  # the body ends without its final chunk
+        with server.client.stream("POST", "/generate", json={"text": "Too long.", "max_tokens": 5000,
+                                                              "ignore_eos": True}) as response:
+            assert response.status_code == 200
+            for piece in response.iter_raw():
+                received += len(piece)
+    assert received > 44  # audio did flow before the limit
+    assert TIMEOUT_S <= time.monotonic() - start < TIMEOUT_S + 5.0
+    wait_until(server.pools_full, 10.0)

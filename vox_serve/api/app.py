@@ -1,0 +1,79 @@
+"""The FastAPI application: routes, error handlers, the replica manager's life cycle, OpenAPI.
+
+The OpenAPI document describes the request fields of the served model (types, ranges, voices),
+so it is built once a replica has reported the model's meta; before that it lists every field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from vox_serve import __version__
+from vox_serve.api import generate, sessions, system
+from vox_serve.api.errors import EXCEPTION_HANDLERS
+from vox_serve.api.replicas import ReplicaManager
+from vox_serve.api.schemas import request_schema
+from vox_serve.config import VoxConfig
+
+DESCRIPTION = """Streaming text-to-speech. POST /generate answers a WAV: streamed (PCM chunks as they are
+decoded) or whole. Errors are JSON `{"error": {"type", "field", "message"}}`."""
+
+
+def create_app(config: VoxConfig, manager: ReplicaManager | None = None) -> FastAPI:
+    manager = manager or ReplicaManager(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await manager.start()
+        try:
+            yield
+        finally:
+            await manager.stop()
+
+    app = FastAPI(title="vox-serve", version=__version__, description=DESCRIPTION, lifespan=lifespan,
+                  exception_handlers=EXCEPTION_HANDLERS)
+    app.state.manager, app.state.config = manager, config
+    for module in (generate, sessions, system):
+        app.include_router(module.router)
+    app.openapi = lambda: _openapi(app, manager)  # type: ignore[method-assign]
+    return app
+
+
+def _generate_body(manager: ReplicaManager, text_required: bool) -> dict[str, Any]:
+    meta = manager.meta
+    content = {
+        "application/json": {"schema": request_schema(meta, "json", text_required)},
+        "multipart/form-data": {"schema": request_schema(meta, "multipart", text_required)},
+        "application/x-www-form-urlencoded": {"schema": request_schema(meta, "urlencoded", text_required)},
+    }
+    return {"required": text_required, "content": content}
+
+
+def _text_body() -> dict[str, Any]:
+    piece = {"type": "string", "minLength": 1, "description": "The next piece of text, sent as is."}
+    return {"required": True, "content": {
+        "application/json": {"schema": {"type": "object", "properties": {"text": piece}, "required": ["text"],
+                                        "additionalProperties": False}},
+        "text/plain": {"schema": piece},
+    }}
+
+
+def _openapi(app: FastAPI, manager: ReplicaManager) -> dict[str, Any]:
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    bodies = {
+        "/generate": _generate_body(manager, text_required=True),
+        "/generate/stream/start": _generate_body(manager, text_required=False),
+        "/generate/stream/{session_id}/text": _text_body(),
+    }
+    for path, body in bodies.items():
+        schema["paths"][path]["post"]["requestBody"] = body
+    if manager.meta is not None:  # the model's fields are known from now on
+        app.openapi_schema = schema
+    return schema

@@ -1,0 +1,380 @@
+"""The scheduler processes seen from the API process: start, watch, restart, and route requests.
+
+Each replica is a `vox_serve.scheduler_entry` process. The API binds one PULL socket that every
+replica pushes to, and connects one PUSH socket to each replica (a fresh one per incarnation, so
+nothing meant for a dead process reaches its successor). A monitor task notices a process that
+exits (or stops reporting) within MONITOR_INTERVAL_S, fails the requests it held, and restarts
+it; the same task ends requests that run past --request-timeout-s. New requests go to the live
+replica with the fewest requests in flight; every later message of a request goes to the same one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+import json
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from vox_serve import ipc
+from vox_serve.api.errors import ApiError
+from vox_serve.config import VoxConfig
+from vox_serve.rt.meta import EngineLimits, ProgramMeta
+
+log = logging.getLogger("vox_serve.api")
+
+MONITOR_INTERVAL_S = 0.1
+HEARTBEAT_TIMEOUT_S = 30.0  # a ready replica silent this long is killed and restarted
+STOP_TIMEOUT_S = 5.0
+MAX_RESTART_DELAY_S = 30.0
+
+
+class ReplicaState(enum.StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    STOPPED = "stopped"
+
+
+@dataclass
+class Replica:
+    index: int
+    incarnation: int = 0
+    state: ReplicaState = ReplicaState.STARTING
+    reason: str | None = "starting"
+    proc: subprocess.Popen | None = None
+    socket: zmq.Socket | None = None
+    device: str | None = None
+    stats: ipc.Stats | None = None
+    last_seen: float = 0.0
+    in_flight: set[str] = field(default_factory=set)
+    num_dispatched: int = 0
+    num_restarts: int = 0
+    num_crashes_in_a_row: int = 0
+    ready_once: bool = False
+    restart_at: float = 0.0
+    fatal: str | None = None  # what the process said before it exited
+
+    def load(self) -> tuple[int, float, int]:
+        """Sort key, least loaded first: requests in flight, then KV pages in use, then traffic so far."""
+        pages = self.stats.pools.get("kv_pages") if self.stats is not None else None
+        used = 1.0 - pages[0] / pages[1] if pages and pages[1] else 0.0
+        return len(self.in_flight), used, self.num_dispatched
+
+
+class RequestHandle:
+    """One request (or input-streaming session) on one replica: the events the replica sends for it.
+
+    Events are ipc.Started / Audio / Finished / Failed; the manager closes the handle on the last
+    one, and also injects Failed when the replica dies or the request times out.
+    """
+
+    def __init__(self, req_id: str, replica: int, deadline: float) -> None:
+        self.req_id, self.replica, self.deadline = req_id, replica, deadline
+        self.events: asyncio.Queue[Any] = asyncio.Queue()
+        self.done = False
+
+
+@dataclass
+class Session:
+    """An input-streaming session: text arrives in pieces, audio is read from one stream."""
+
+    handle: RequestHandle
+    num_chars: int = 0
+    blank: bool = True  # no text but whitespace so far
+    ended: bool = False
+    claimed: bool = False  # its audio stream has been requested
+
+
+class ReplicaManager:
+    def __init__(self, config: VoxConfig) -> None:
+        self.config = config
+        self.replicas = [Replica(i) for i in range(config.server.dp_size)]
+        self.handles: dict[str, RequestHandle] = {}
+        self.sessions: dict[str, Session] = {}
+        self.meta: ProgramMeta | None = None
+        self.limits: EngineLimits | None = None
+        self.fatal_error: str | None = None
+        self.on_fatal: Callable[[str], None] = lambda reason: None  # a replica can never start
+        self.is_stopping: Callable[[], bool] = lambda: False  # the server is shutting down: restart nothing
+        self._seeds = itertools.count(config.model.seed)
+        self._tasks: list[asyncio.Task] = []
+        self._dir = ""
+
+    # ---- life cycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="vox-serve-")
+        self._api_address = f"ipc://{self._dir}/api"
+        self._actx = zmq.asyncio.Context()
+        self._ctx = zmq.Context()
+        self._pull = self._actx.socket(zmq.PULL)
+        self._pull.bind(self._api_address)
+        for replica in self.replicas:
+            self._spawn(replica)
+        self._tasks = [asyncio.create_task(self._read_loop()), asyncio.create_task(self._monitor_loop())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        live = [r for r in self.replicas if r.proc is not None and r.proc.poll() is None]
+        for replica in live:
+            self._send(replica, ipc.Shutdown())
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while any(r.proc.poll() is None for r in live) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for replica in self.replicas:
+            if replica.proc is not None and replica.proc.poll() is None:
+                replica.proc.kill()
+                replica.proc.wait()
+            self._close_socket(replica)
+            replica.state, replica.reason, replica.proc = ReplicaState.STOPPED, "the server is stopping", None
+        for handle in list(self.handles.values()):
+            self._fail(handle, ipc.ErrorCode.REPLICA_DIED, "the server is stopping")
+        self._pull.close(linger=0)
+        self._actx.term()
+        self._ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _spawn(self, replica: Replica) -> None:
+        replica.incarnation += 1
+        address = f"ipc://{self._dir}/replica-{replica.index}-{replica.incarnation}"
+        cmd = [sys.executable, "-m", "vox_serve.scheduler_entry", "--config", json.dumps(self.config.to_dict()),
+               "--replica", str(replica.index), "--incarnation", str(replica.incarnation),
+               "--bind", address, "--api", self._api_address]
+        replica.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        replica.socket = self._ctx.socket(zmq.PUSH)
+        replica.socket.setsockopt(zmq.LINGER, 0)
+        replica.socket.connect(address)
+        replica.state, replica.reason, replica.stats, replica.fatal = ReplicaState.STARTING, "starting", None, None
+        log.info("replica %d: started process %d (incarnation %d)", replica.index, replica.proc.pid,
+                 replica.incarnation)
+
+    def _close_socket(self, replica: Replica) -> None:
+        if replica.socket is not None:
+            replica.socket.close(linger=0)
+            replica.socket = None
+
+    # ---- watching the processes ----------------------------------------------------------
+    async def _monitor_loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            try:
+                for replica in self.replicas:
+                    self._watch(replica, now)
+                self._expire(now)
+            except Exception:  # keep watching: a lost monitor would leave requests hanging
+                log.exception("replica monitor")
+            await asyncio.sleep(MONITOR_INTERVAL_S)
+
+    def _watch(self, replica: Replica, now: float) -> None:
+        if replica.proc is not None and replica.proc.poll() is not None:
+            self._on_exit(replica, replica.proc.returncode, now)
+        elif replica.state is ReplicaState.READY and now - replica.last_seen > HEARTBEAT_TIMEOUT_S:
+            replica.fatal = f"unresponsive for {now - replica.last_seen:.0f}s; killed"
+            log.error("replica %d: %s", replica.index, replica.fatal)
+            replica.proc.kill()
+        elif replica.state is ReplicaState.RESTARTING and now >= replica.restart_at:
+            replica.num_restarts += 1
+            self._spawn(replica)
+
+    def _on_exit(self, replica: Replica, code: int, now: float) -> None:
+        how = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        reason = f"process {replica.proc.pid} {how}" + (f" ({replica.fatal})" if replica.fatal else "")
+        log.error("replica %d: %s", replica.index, reason)
+        replica.proc, replica.stats = None, None
+        self._close_socket(replica)
+        for req_id in list(replica.in_flight):
+            self._fail(self.handles[req_id], ipc.ErrorCode.REPLICA_DIED, f"replica {replica.index} died: {reason}")
+        if self.is_stopping():
+            replica.state, replica.reason = ReplicaState.STOPPED, "the server is stopping"
+            return
+        if not replica.ready_once:
+            replica.state, replica.reason = ReplicaState.STOPPED, f"could not start: {reason}"
+            self.fatal_error = f"replica {replica.index} {replica.reason}"
+            self.on_fatal(self.fatal_error)
+            return
+        replica.num_crashes_in_a_row += 1
+        delay = min(MAX_RESTART_DELAY_S, 0.5 * 2 ** (replica.num_crashes_in_a_row - 1))
+        replica.state, replica.restart_at = ReplicaState.RESTARTING, now + delay
+        replica.reason = f"{reason}; restarting"
+
+    def _expire(self, now: float) -> None:
+        timeout = self.config.server.request_timeout_s
+        for handle in list(self.handles.values()):
+            if now > handle.deadline:
+                self._send_to(handle, ipc.Abort(handle.req_id, "timed out"))
+                self._fail(handle, ipc.ErrorCode.TIMEOUT, f"the request ran past --request-timeout-s ({timeout:g}s)")
+        for session_id, session in list(self.sessions.items()):
+            if now > session.handle.deadline:
+                del self.sessions[session_id]
+
+    # ---- messages from the replicas ------------------------------------------------------
+    async def _read_loop(self) -> None:
+        while True:
+            frames = await self._pull.recv_multipart()
+            try:
+                self._dispatch(ipc.decode(frames))
+            except ipc.ProtocolError as exc:
+                log.error("dropping a malformed message from a replica: %s", exc)
+            except Exception:  # keep reading: a lost reader would leave every request hanging
+                log.exception("handling a message from a replica")
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, ipc.REQUEST_EVENTS):
+            handle = self.handles.get(msg.req_id)
+            if handle is not None:
+                handle.events.put_nowait(msg)
+                if isinstance(msg, ipc.Finished | ipc.Failed):
+                    self._close(handle)
+            return
+        replica = self._sender(msg)
+        if replica is None:
+            return
+        replica.last_seen = time.monotonic()
+        if isinstance(msg, ipc.Stats):
+            replica.stats = msg
+        elif isinstance(msg, ipc.Ready):
+            self._on_ready(replica, msg)
+        elif isinstance(msg, ipc.Fatal):
+            replica.fatal = msg.message
+
+    def _sender(self, msg: Any) -> Replica | None:
+        """The replica a status message is from, if it is from its current, still running process."""
+        index = getattr(msg, "replica", -1)
+        if not 0 <= index < len(self.replicas):
+            return None
+        replica = self.replicas[index]
+        return replica if replica.incarnation == msg.incarnation and replica.proc is not None else None
+
+    def _on_ready(self, replica: Replica, msg: ipc.Ready) -> None:
+        meta = ipc.meta_from_dict(msg.meta)
+        if self.meta is None:
+            self.meta, self.limits = meta, ipc.limits_from_dict(msg.limits)
+        elif meta != self.meta:
+            log.error("replica %d serves model %s, unlike the others (%s)", replica.index, meta.name, self.meta.name)
+        replica.state, replica.reason, replica.device = ReplicaState.READY, None, msg.device
+        replica.ready_once, replica.num_crashes_in_a_row = True, 0
+        log.info("replica %d: ready (process %d on %s)", replica.index, msg.pid, msg.device)
+
+    # ---- requests ------------------------------------------------------------------------
+    async def submit(self, fields: dict[str, Any], audio: bytes = b"", input_streaming: bool = False) -> RequestHandle:
+        """Queue a request on the least-loaded live replica; returns once the replica accepted it.
+
+        A replica that is full or dies first hands the request to the next one. Raises ApiError
+        when no replica can take it, or the request itself is refused (a bad field).
+        """
+        seed = next(self._seeds)
+        deadline = time.monotonic() + self.config.server.request_timeout_s
+        tried: set[int] = set()
+        while True:
+            replica = self._pick(tried)
+            tried.add(replica.index)
+            handle = self._open(replica, deadline)
+            if not self._send(replica, ipc.Submit(handle.req_id, fields, seed, input_streaming, audio)):
+                self._close(handle)
+                continue
+            event = await handle.events.get()
+            if isinstance(event, ipc.Started):
+                return handle
+            retry = event.code in (ipc.ErrorCode.QUEUE_FULL, ipc.ErrorCode.REPLICA_DIED)
+            if not (retry and self._candidates(tried)):
+                raise ApiError.from_failed(event)
+
+    def send_text(self, handle: RequestHandle, text: str) -> bool:
+        return self._send_to(handle, ipc.AppendText(handle.req_id, text))
+
+    def end_text(self, handle: RequestHandle) -> bool:
+        return self._send_to(handle, ipc.EndText(handle.req_id))
+
+    def abort(self, handle: RequestHandle, reason: str) -> None:
+        """Stop a request nobody waits for any more; the replica frees its pages and slots."""
+        if not handle.done:
+            self._send_to(handle, ipc.Abort(handle.req_id, reason))
+            self._close(handle)
+
+    def _candidates(self, exclude: set[int]) -> list[Replica]:
+        return [r for r in self.replicas if r.state is ReplicaState.READY and r.index not in exclude]
+
+    def _pick(self, exclude: set[int]) -> Replica:
+        candidates = self._candidates(exclude)
+        if not candidates:
+            raise ApiError.unavailable(f"no replica can take the request: {self.unavailable_reason() or 'all busy'}")
+        return min(candidates, key=Replica.load)
+
+    def _open(self, replica: Replica, deadline: float) -> RequestHandle:
+        handle = RequestHandle(uuid.uuid4().hex, replica.index, deadline)
+        self.handles[handle.req_id] = handle
+        replica.in_flight.add(handle.req_id)
+        replica.num_dispatched += 1
+        return handle
+
+    def _close(self, handle: RequestHandle) -> None:
+        handle.done = True
+        self.handles.pop(handle.req_id, None)
+        self.replicas[handle.replica].in_flight.discard(handle.req_id)
+
+    def _fail(self, handle: RequestHandle, code: ipc.ErrorCode, message: str) -> None:
+        handle.events.put_nowait(ipc.Failed(handle.req_id, str(code), message))
+        self._close(handle)
+
+    def _send_to(self, handle: RequestHandle, msg: Any) -> bool:
+        return not handle.done and self._send(self.replicas[handle.replica], msg)
+
+    def _send(self, replica: Replica, msg: Any) -> bool:
+        """Queue a message for the replica without ever blocking; False if it cannot take it."""
+        if replica.socket is None:
+            return False
+        with contextlib.suppress(zmq.Again):
+            replica.socket.send_multipart(ipc.encode(msg), flags=zmq.NOBLOCK)
+            return True
+        return False
+
+    # ---- status --------------------------------------------------------------------------
+    def require_meta(self) -> ProgramMeta:
+        """The served program's meta; 503 while no replica has loaded it yet."""
+        if self.meta is None:
+            raise ApiError.unavailable(f"the model is still loading ({self.unavailable_reason()})")
+        return self.meta
+
+    def unavailable_reason(self) -> str | None:
+        """None when every replica is ready, else why not."""
+        problems = [f"replica {r.index}: {r.reason}" for r in self.replicas if r.state is not ReplicaState.READY]
+        return "; ".join(problems) or None
+
+    def status(self) -> list[dict[str, Any]]:
+        return [_replica_status(r) for r in self.replicas]
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _replica_status(r: Replica) -> dict[str, Any]:
+    s = r.stats
+    return {
+        "replica": r.index, "state": str(r.state), "reason": r.reason,
+        "pid": r.proc.pid if r.proc is not None else None, "device": r.device, "restarts": r.num_restarts,
+        "in_flight": len(r.in_flight),
+        "active_requests": s.num_active if s else None, "waiting_requests": s.num_waiting if s else None,
+        "pools": {name: {"free": free, "total": total} for name, (free, total) in (s.pools.items() if s else ())},
+        "finished": s.num_finished if s else None, "aborted": s.num_aborted if s else None,
+        "failed": s.num_failed if s else None,
+    }

@@ -1,0 +1,184 @@
+"""What the HTTP API documents: request fields (per model), response bodies and error bodies.
+
+Request fields are checked by `request_builder` against the model's meta; the table here gives
+their JSON types and ranges for form-data parsing and for the OpenAPI document (a test keeps the
+ranges equal to what `SamplingParams.validate` accepts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from vox_serve.rt.meta import ProgramMeta
+
+
+@dataclass(frozen=True)
+class FieldDoc:
+    kind: str  # JSON type: string | number | integer | boolean
+    description: str
+    bounds: dict[str, float] = field(default_factory=dict)  # JSON-schema range keywords
+
+
+REQUEST_FIELDS: dict[str, FieldDoc] = {
+    "text": FieldDoc("string", "Text to speak: required, not blank, at most `max_text_chars` characters "
+                     "(GET /info)."),
+    "streaming": FieldDoc("boolean", "true (default): a WAV stream whose PCM chunks arrive as they are "
+                          "decoded; false: one complete WAV when generation ends."),
+    "voice": FieldDoc("string", "Voice name (GET /info lists the model's voices). Alias: `speaker`."),
+    "language": FieldDoc("string", "Language of the text (GET /info lists the model's languages)."),
+    "instruct": FieldDoc("string", "A style instruction, for models that take one."),
+    "ref_text": FieldDoc("string", "Transcript of the reference audio."),
+    "temperature": FieldDoc("number", "Sampling temperature; 0 is greedy.", {"minimum": 0, "maximum": 10}),
+    "top_p": FieldDoc("number", "Nucleus sampling mass.", {"exclusiveMinimum": 0, "maximum": 1}),
+    "top_k": FieldDoc("integer", "Sample among the k most likely tokens; 0 disables.", {"minimum": 0}),
+    "min_p": FieldDoc("number", "Drop tokens below min_p times the top probability.",
+                      {"minimum": 0, "exclusiveMaximum": 1}),
+    "repetition_penalty": FieldDoc("number", "Penalty on recently generated tokens; 1 disables.",
+                                   {"exclusiveMinimum": 0, "maximum": 10}),
+    "max_tokens": FieldDoc("integer", "Most tokens to generate.", {"minimum": 1}),
+    "seed": FieldDoc("integer", "Seed of this request's sampling; the same seed repeats the same audio.",
+                     {"minimum": 0, "maximum": 2**63 - 1}),
+    "ignore_eos": FieldDoc("boolean", "Keep generating until max_tokens even after a stop token."),
+}
+ALIASES = {"speaker": "voice"}
+AUDIO_FIELD = "audio"
+AUDIO_DOC = "Reference audio (WAV, FLAC, OGG or MP3), at most --max-upload-mb MB."
+
+
+def accepted_fields(meta: ProgramMeta | None) -> list[str]:
+    """The request fields a model takes (every documented one while no model is loaded yet)."""
+    if meta is None:
+        return [*REQUEST_FIELDS, AUDIO_FIELD]
+    return list(meta.accepted_fields)
+
+
+def _property(name: str, meta: ProgramMeta | None, media: str) -> dict[str, Any]:
+    if name == AUDIO_FIELD:
+        if media == "json":
+            return {"type": "string", "contentEncoding": "base64", "description": f"{AUDIO_DOC} Base64-encoded."}
+        return {"type": "string", "format": "binary", "contentMediaType": "audio/*", "description": AUDIO_DOC}
+    doc = REQUEST_FIELDS.get(name, FieldDoc("string", "A field of this model."))
+    prop: dict[str, Any] = {"type": doc.kind, "description": doc.description, **doc.bounds}
+    choices = {"voice": meta.voices, "language": meta.languages} if meta is not None else {}
+    if choices.get(name):
+        prop["enum"] = list(choices[name])
+    if name == "streaming":
+        prop["default"] = True
+    elif meta is not None and name in meta.default_sampling:
+        prop["default"] = meta.default_sampling[name]
+    return prop
+
+
+def request_schema(meta: ProgramMeta | None, media: str, text_required: bool = True) -> dict[str, Any]:
+    """JSON schema of a generate request body sent as `media`: json, multipart or urlencoded
+    (which cannot carry a file)."""
+    names = [n for n in accepted_fields(meta) if n != AUDIO_FIELD or media != "urlencoded"]
+    props = {name: _property(name, meta, media) for name in names}
+    for alias, target in ALIASES.items():
+        if target in props:
+            props[alias] = {**props[target], "description": f"Alias of `{target}`."}
+    schema: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
+    if text_required:
+        schema["required"] = ["text"]
+    return schema
+
+
+# ---- response bodies ------------------------------------------------------------------------
+class ErrorDetail(BaseModel):
+    type: str = Field(description="invalid_field, invalid_request, unsupported, queue_full, unavailable, "
+                                  "replica_died, timeout, internal, ...")
+    field: str | None = Field(description="The request field at fault, when there is one.")
+    message: str = Field(description="What is wrong, naming the field.")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class PoolUsage(BaseModel):
+    free: int
+    total: int
+
+
+class ReplicaStatus(BaseModel):
+    replica: int
+    state: Literal["starting", "ready", "restarting", "stopped"]
+    reason: str | None = Field(description="Why the replica is not ready.")
+    pid: int | None
+    device: str | None
+    restarts: int = Field(description="Times the replica's process was restarted after it died.")
+    in_flight: int = Field(description="Requests of this server on the replica.")
+    active_requests: int | None = Field(description="Requests the scheduler holds (last report).")
+    waiting_requests: int | None
+    pools: dict[str, PoolUsage] = Field(description="KV pages and codec slots: free and total.")
+    finished: int | None
+    aborted: int | None
+    failed: int | None
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "unavailable"]
+    reason: str | None = Field(description="Why the server is unavailable.")
+    replicas: list[ReplicaStatus]
+
+
+class Limits(BaseModel):
+    max_text_chars: int
+    max_model_len: int = Field(description="Longest prompt + generation, in tokens.")
+    max_upload_mb: float
+    request_timeout_s: float
+    max_queued_requests: int = Field(description="Waiting requests per replica before 503.")
+    max_batch_size: int
+    dp_size: int
+
+
+class InfoResponse(BaseModel):
+    model: str
+    sample_rate: int
+    channels: int = 1
+    sample_format: str = Field("pcm_s16le", description="PCM format inside the WAV.")
+    samples_per_chunk: int = Field(description="Samples of a full streamed audio chunk.")
+    voices: list[str]
+    default_voice: str | None
+    languages: list[str]
+    accepted_fields: list[str]
+    aliases: dict[str, str]
+    default_sampling: dict[str, Any]
+    supports_input_streaming: bool
+    supports_reference_audio: bool
+    limits: Limits
+
+
+class StreamStartResponse(BaseModel):
+    id: str = Field(description="The session id for the /generate/stream/{id}/... routes.")
+    sample_rate: int
+
+
+class StreamTextResponse(BaseModel):
+    id: str
+    num_chars: int = Field(description="Characters of text received so far.")
+
+
+RETRY_AFTER_HEADER = {"Retry-After": {"description": "Seconds to wait before retrying.",
+                                      "schema": {"type": "integer"}}}
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text, **({"headers": RETRY_AFTER_HEADER} if status == 503 else {})}
+    for status, text in {
+        400: "Malformed body, or a feature the model does not have.",
+        404: "No such input-streaming session.",
+        409: "The session is not in a state for this call.",
+        413: "Upload larger than --max-upload-mb.",
+        415: "Unsupported content type.",
+        422: "A field the model cannot take, named in `error.field`.",
+        500: "The request failed inside the server.",
+        503: "Overloaded (past --max-queued-requests) or no replica ready; see Retry-After.",
+        504: "The request ran past --request-timeout-s.",
+    }.items()
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: ERROR_RESPONSES[status] for status in statuses}

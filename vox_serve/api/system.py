@@ -1,0 +1,48 @@
+"""GET /health and GET /info."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from vox_serve.api.generate import context
+from vox_serve.api.schemas import ALIASES, HealthResponse, InfoResponse, Limits, error_responses
+
+router = APIRouter()
+
+
+@router.get("/health", summary="Readiness of every replica", response_model=HealthResponse,
+            responses={503: {"model": HealthResponse, "description": "A replica is starting, restarting or "
+                                                                     "dead; `reason` says which and why."}})
+async def health(request: Request) -> JSONResponse:
+    """200 only while every replica is alive and ready. The body also reports each replica's load
+    and pool occupancy (free / total KV pages and codec slots)."""
+    manager, _ = context(request)
+    reason = manager.unavailable_reason()
+    body = HealthResponse(status="ok" if reason is None else "unavailable", reason=reason,
+                          replicas=manager.status())
+    return JSONResponse(body.model_dump(), status_code=200 if reason is None else 503)
+
+
+@router.get("/info", summary="The served model and the server's limits", response_model=InfoResponse,
+            responses=error_responses(503))
+async def info(request: Request) -> InfoResponse:
+    manager, config = context(request)
+    meta = manager.require_meta()
+    limits = manager.limits
+    assert limits is not None
+    return InfoResponse(
+        model=meta.name, sample_rate=meta.sample_rate,
+        samples_per_chunk=limits.frames_per_chunk * meta.samples_per_frame,
+        voices=list(meta.voices), default_voice=meta.default_voice, languages=list(meta.languages),
+        accepted_fields=list(meta.accepted_fields),
+        aliases={alias: target for alias, target in ALIASES.items() if target in meta.accepted_fields},
+        default_sampling=meta.default_sampling, supports_input_streaming=meta.supports_input_streaming,
+        supports_reference_audio="audio" in meta.accepted_fields,
+        limits=Limits(
+            max_text_chars=meta.max_text_chars, max_model_len=limits.max_model_len,
+            max_upload_mb=config.server.max_upload_mb, request_timeout_s=config.server.request_timeout_s,
+            max_queued_requests=config.scheduler.max_queued_requests, max_batch_size=limits.max_batch,
+            dp_size=config.server.dp_size,
+        ),
+    )

@@ -1,0 +1,143 @@
+"""The `deadline` policy: earliest playback deadline first, for audio, tokens and admissions.
+
+- A stream's deadline is when its client runs out of audio (first chunk: arrival +
+  `deadline_startup_ms`). Ready chunks decode in deadline order, in steps where some chunk is due
+  (a first chunk, a final chunk of a non-streaming request, or a stream within a second of its
+  deadline); other ready chunks join while the batch has room.
+- New requests are admitted in order of their first-audio deadline. Admissions are deferred, for
+  at most `deadline_max_prefill_deferral_ms`, while a running stream is about to underrun: its
+  slack (deadline minus the estimated time to its next chunk, from `deadline_lm_step_ms` and
+  `deadline_codec_ms`) is shorter than a prefill (`deadline_prefill_ms`).
+- More requests may be admitted than one decode batch holds (while the KV cache keeps a page of
+  headroom per running request); the batch then goes to the earliest deadlines, so streams that
+  are far ahead of their clients make room for new ones.
+- Non-streaming requests have no playback deadline: they never defer admissions, and they take
+  the capacity streams leave. Any request that has not decoded for the maximum deferral decodes
+  first, so nothing starves.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from vox_serve.config import SchedulerConfig
+from vox_serve.request import Request, RequestStatus
+from vox_serve.rt.meta import EngineLimits, ProgramMeta
+from vox_serve.scheduler.base import Scheduler
+from vox_serve.scheduler.plan import CodecRow
+from vox_serve.scheduler.playback import PLAYBACK_MARGIN_S, playback_deadline
+
+NON_STREAMING_STARTUP_FACTOR = 10.0
+"""A non-streaming request is admitted as if its first audio were due this many startup budgets
+after its arrival: after the streams that arrived with it, but never behind them forever."""
+
+
+class DeadlineScheduler(Scheduler):
+    name = "deadline"
+
+    def __init__(self, meta: ProgramMeta, limits: EngineLimits, config: SchedulerConfig,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(meta, limits, config, clock)
+        self.startup_s = config.deadline_startup_ms / 1000
+        self.max_deferral_s = config.deadline_max_prefill_deferral_ms / 1000
+        self.lm_step_s = config.deadline_lm_step_ms / 1000
+        self.codec_s = config.deadline_codec_ms / 1000
+        self.prefill_s = config.deadline_prefill_ms / 1000
+        self._deferred_since: dict[str, float] = {}  # waiting req_id -> when its admission was first deferred
+        self._at_risk: list[Request] = []  # streams about to underrun, this step
+
+    # ---- deadlines -----------------------------------------------------------------------
+    def deadline(self, req: Request) -> float:
+        """When req's next chunk must reach its client (inf for non-streaming requests)."""
+        if not req.streaming:
+            return math.inf
+        played_out = playback_deadline(req, self.meta.sample_rate)
+        return req.stats.arrival + self.startup_s if played_out is None else played_out
+
+    def admission_deadline(self, req: Request) -> float:
+        if req.streaming:
+            return self.deadline(req)
+        return req.stats.arrival + NON_STREAMING_STARTUP_FACTOR * self.startup_s
+
+    def time_to_next_chunk(self, req: Request) -> float:
+        """Estimated time until req's next chunk can be sent. With more requests running than one
+        batch holds, each decodes in a share of the steps only."""
+        if self.has_ready_chunk(req) or req.status is RequestStatus.DRAINING:
+            return self.codec_s
+        window = self.geometry.chunk(req.next_chunk, math.inf, final=False)
+        codes = window.window_end * self.geometry.codes_per_frame - len(req.codes)
+        steps = math.ceil(max(codes, 0) / self.meta.codes_per_step)
+        share = min(1.0, self.limits.max_batch / max(len(self.running), 1))
+        return steps * self.lm_step_s / share + self.codec_s
+
+    def slack(self, req: Request) -> float:
+        return self.deadline(req) - self.now - self.time_to_next_chunk(req)
+
+    # ---- codec ---------------------------------------------------------------------------
+    def chunk_due(self, req: Request) -> bool:
+        if not req.streaming:
+            return req.status is RequestStatus.DRAINING
+        return req.stats.first_audio is None or self.deadline(req) - self.now <= PLAYBACK_MARGIN_S
+
+    def select_codec(self) -> list[CodecRow]:
+        ready = [r for r in self.running + self.draining if self.has_ready_chunk(r)]
+        if not any(self.chunk_due(r) for r in ready):
+            if ready:
+                self.notes.append(f"codec held: {len(ready)} requests have ready chunks, none due")
+            return []
+        order = sorted(ready, key=lambda r: (not self.chunk_due(r), self.deadline(r), r.stats.arrival))
+        return self.take_chunks(order, lambda r: "due" if self.chunk_due(r) else "joins a due batch")
+
+    # ---- admission -----------------------------------------------------------------------
+    def admission_order(self) -> list[Request]:
+        return sorted(self.waiting, key=lambda r: (self.admission_deadline(r), r.stats.arrival))
+
+    def admission_reason(self, req: Request) -> str:
+        return f"{super().admission_reason(req)}, first audio due in {(self.deadline(req) - self.now) * 1000:.0f} ms"
+
+    def defer_admissions(self) -> bool:
+        """Find the streams about to underrun; each waiting request then decides in can_admit."""
+        self._at_risk = [r for r in self.running + self.draining if r.streaming and self.slack(r) < self.prefill_s]
+        if not self._at_risk:
+            self._deferred_since.clear()
+        for waiting in self.waiting if self._at_risk else ():
+            self._deferred_since.setdefault(waiting.req_id, self.now)
+        return False
+
+    def can_admit(self, req: Request) -> bool:
+        if self._at_risk:
+            deferred = self.now - self._deferred_since[req.req_id]
+            worst = min(self.slack(r) for r in self._at_risk) * 1000
+            if deferred < self.max_deferral_s:
+                self.notes.append(f"admissions deferred: {len(self._at_risk)} streams about to underrun "
+                                  f"(least slack {worst:.0f} ms)")
+                return False
+            self.notes.append(f"{req.req_id} admitted after {deferred * 1000:.0f} ms deferred "
+                              f"({len(self._at_risk)} streams at risk, least slack {worst:.0f} ms)")
+        self._deferred_since.pop(req.req_id, None)
+        if len(self.running) < self.limits.max_batch:
+            return True
+        need = self.pool.pages_needed(req.req_id, req.prompt_len + 1)
+        return self.pool.num_free - need > len(self.running)
+
+    # ---- decode --------------------------------------------------------------------------
+    def decode_order(self, candidates: list[Request]) -> list[Request]:
+        def key(req: Request) -> tuple:
+            last = req.stats.last_decode
+            if last is not None and self.now - last >= self.max_deferral_s:
+                return (0, last, req.stats.arrival)  # waited too long: first, whatever its deadline
+            return (1, self.deadline(req), req.stats.arrival)
+
+        order = sorted(candidates, key=key)
+        if len(order) > self.limits.max_batch:
+            for req in order[: self.limits.max_batch]:
+                self.reasons["decode"][req.req_id] = "earliest deadline"
+        return order
+
+    def next_wakeup(self) -> float | None:
+        times = [self.deadline(r) - PLAYBACK_MARGIN_S for r in self.running + self.draining
+                 if r.streaming and self.has_ready_chunk(r)]
+        times += [since + self.max_deferral_s for since in self._deferred_since.values()]
+        return min((t for t in times if t > self.now), default=None)
