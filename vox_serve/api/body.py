@@ -14,7 +14,6 @@ import io
 import json
 from typing import Any
 
-import soundfile
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
@@ -191,6 +190,8 @@ async def check_audio(meta: ProgramMeta, audio: bytes | None) -> None:
 
 
 def _decode_audio(audio: bytes) -> None:
+    import soundfile  # only uploads need libsndfile: a server without it still starts and serves text
+
     try:
         samples, _ = soundfile.read(io.BytesIO(audio), dtype="int16", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:

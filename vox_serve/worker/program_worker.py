@@ -59,11 +59,29 @@ class ProgramWorker:
         self._uploaded: dict[str, torch.cuda.Event] = {}  # arena -> event after its last upload
         self._timers: dict[str, tuple] = {}  # stage -> (start, end) of the step being launched
         self.graphs: StageGraphs | None = None
+        if program.device.type == "cuda":
+            with torch.inference_mode():
+                self._warm_up_prefill()
         if use_cuda_graphs and program.device.type == "cuda":
             self.graphs = StageGraphs(program)
             with torch.inference_mode():
                 self.graphs.capture({"decode": self.decode_buckets, "codec": self.codec_buckets},
                                     self._prepare_capture)
+
+    def _warm_up_prefill(self) -> None:
+        """One dummy prefill into the null page before serving, so kernels that compile just in
+        time (FlashInfer's prefill) compile now and not under the first request."""
+        prog = self.program
+        n = min(prog.limits.page_size, prog.limits.max_prefill_tokens)
+        row = LmRow("warm-up", [[0] * prog.meta.input_columns] * n, 0, [0], True, 0.0, 0, 1.0, 0.0, 1.0,
+                    [], 0, 0, False, 0)
+        bucket = pick_bucket(n, self.prefill_buckets)
+        arena = prog.arenas["prefill_in"]
+        self._fill_lm(arena.host, [row], bucket, 1)
+        arena.upload()
+        prog.attention.plan(AttentionPlan(1, [n], [n], [[0]], None), attention_buffers(arena))
+        prog.prefill(bucket, 1)
+        torch.cuda.synchronize(prog.device)
 
     def _prepare_capture(self, stage: str, bucket: int) -> None:
         """Dummy inputs for capturing `stage` at `bucket` rows: every row padded (null page)."""
