@@ -58,7 +58,7 @@ def _run(policy: str, specs: list[tuple], async_scheduling: bool, stateful: bool
     return sim, sim.run()
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(POLICIES), specs=st.lists(arrival, min_size=1, max_size=10),
        async_scheduling=st.booleans(), stateful=st.booleans(), num_pages=st.integers(40, 120),
        max_batch=st.integers(1, 6), max_codec_batch=st.integers(1, 6))
@@ -83,7 +83,7 @@ def test_every_request_finishes_with_all_its_audio_and_nothing_leaks(
         assert scheduler.slots.num_free == scheduler.slots.num_slots, "codec slots leaked"
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(policy=st.sampled_from(POLICIES), specs=st.lists(arrival, min_size=1, max_size=8))
 def test_async_scheduling_emits_the_same_audio_as_sync(policy: str, specs: list[tuple]) -> None:
     """Same tokens, same chunks: a stop seen one step late emits nothing past it."""

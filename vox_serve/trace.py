@@ -32,7 +32,7 @@ class Tracer:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"trace-{os.getpid()}-{next(_files)}.jsonl"
         self.timer = timer
-        self._file = self.path.open("w", encoding="utf-8")
+        self._file = self.path.open("w", encoding="utf-8", buffering=1)  # line-buffered: readable while serving
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
