@@ -3,13 +3,7 @@
 # Starts the server, sweeps Poisson rates, runs an offline batch, then the transformers+SNAC
 # baseline. Results land in $OUT. Usage (repo root): bash benchmark/gpu_load.sh
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
+source "$(dirname "$0")/gpu_env.sh"
 export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$PWD/.ficache}
 SERVER=(python3 -m vox_serve.launch --model orpheus --load-format dummy --device cuda --max-model-len 1152
         --max-batch-size "${MAX_BATCH:-256}" --max-codec-batch "${MAX_BATCH:-256}" --port 8000 ${SERVER_EXTRA:-})

@@ -2,13 +2,7 @@
 # One device-machine call: install carried wheels, run the GPU test tier, then bench-mode figures for
 # Orpheus-3B with dummy weights. Writes logs under $OUT. Usage (repo root): bash benchmark/gpu_smoke.sh
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
+source "$(dirname "$0")/gpu_env.sh"
 export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, flashinfer; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__)" 2>&1 | tail -2
