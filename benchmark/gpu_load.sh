@@ -4,7 +4,7 @@
 # baseline. Results land in $OUT. Usage (repo root): bash benchmark/gpu_load.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$PWD/.ficache}
+export PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
 SERVER=(python3 -m vox_serve.launch --model orpheus --load-format dummy --device cuda --max-model-len 1152
         --max-batch-size "${MAX_BATCH:-256}" --max-codec-batch "${MAX_BATCH:-256}" --port 8000 ${SERVER_EXTRA:-})
 "${SERVER[@]}" > "$OUT/server.log" 2>&1 &

@@ -20,6 +20,7 @@ from vox_serve.scheduler.plan import StepPlan, StepResult
 from vox_serve.trace import Tracer
 
 log = logging.getLogger(__name__)
+MAX_IDLE_STEPS = 3  # empty plans in a row, with requests waiting, before the queue head is stalled
 
 
 class Worker(Protocol):
@@ -42,6 +43,7 @@ class EngineLoop:
         if tracer is not None:
             tracer.header(scheduler)
         self.num_steps = 0
+        self._idle_steps = 0
         self._in_flight: tuple[StepPlan, Any] | None = None
 
     @property
@@ -95,26 +97,31 @@ class EngineLoop:
         log.error("step %d failed: %s\n%s", plan.step_id, exc, traceback.format_exc())
         self.scheduler.fail(plan, f"{type(exc).__name__}: {exc}")
 
-    def run_until_idle(self, max_idle_steps: int = 3, sleep: Callable[[float], None] = time.sleep) -> None:
-        """Step until no request is left.
+    def poll(self) -> float | None:
+        """Step once if there is work. Returns None when idle, else how long the caller may wait
+        (0 after a step; the policy's own delay when it holds audio back).
 
-        A policy holding work back (audio not due yet) says when it wants to run again; the loop
-        sleeps until then. Empty plans otherwise mean the head of the queue can never be admitted
-        (nothing runs that could free pages): fail it rather than spin forever.
+        Empty plans in a row, with nothing held back, mean the head of the queue can never be
+        admitted (nothing runs that could free pages): it is failed rather than left to spin.
         """
-        idle = 0
-        while self.busy:
-            if self.step():
-                idle = 0
-                continue
-            wake = self.scheduler.next_wakeup()
-            if wake is not None:
-                sleep(max(wake - self.scheduler.clock(), 0.0))
-                continue
-            idle += 1
-            if idle >= max_idle_steps and self.scheduler.waiting:
-                head = self.scheduler.waiting[0]
-                self.scheduler.abort(head.req_id, "stalled: the KV cache cannot hold this request")
-                idle = 0
+        if not self.busy:
+            return None
+        if self.step():
+            self._idle_steps = 0
+            return 0.0
+        wake = self.scheduler.next_wakeup()
+        if wake is not None:
+            return max(wake - self.scheduler.clock(), 0.0)
+        self._idle_steps += 1
+        if self._idle_steps >= MAX_IDLE_STEPS and self.scheduler.waiting:
+            self._idle_steps = 0
+            self.scheduler.abort(self.scheduler.waiting[0].req_id, "stalled: the KV cache cannot hold this request")
+        return 0.001
+
+    def run_until_idle(self, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Step until no request is left (bench mode, tests and the simulator)."""
+        while (wait := self.poll()) is not None:
+            if wait > 0:
+                sleep(wait)
         if self.tracer is not None:
             self.tracer.flush()

@@ -30,14 +30,12 @@ from vox_serve.config import VoxConfig
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.request import Request, RequestStatus
 from vox_serve.request_builder import FieldError, build_request
-from vox_serve.rt.page_pool import PagePool, SlotPool
 from vox_serve.scheduler.base import QueueFull
 
 log = logging.getLogger("vox_serve.scheduler_entry")
 
 IDLE_POLL_S = 0.05  # longest wait for a message while nothing runs
 STATS_INTERVAL_S = 0.2
-MAX_IDLE_STEPS = 3  # empty plans in a row, with requests waiting, before the queue head is stalled
 Preprocess = Callable[[dict[str, Any]], list[list[int]]]
 
 
@@ -70,7 +68,6 @@ class SchedulerService:
         self.stopping = False
         # How a request that ends ABORTED is reported: None (the API asked; silent) or a code.
         self._abort_codes: dict[str, ipc.ErrorCode | None] = {}
-        self._idle_steps = 0
         self._handlers: dict[type, Callable[[Any], None]] = {
             ipc.Submit: self._on_submit, ipc.AppendText: self._on_append, ipc.EndText: self._on_end,
             ipc.Abort: self._on_abort, ipc.Shutdown: self._on_shutdown,
@@ -206,23 +203,13 @@ class SchedulerService:
         if not self.loop.busy:
             return IDLE_POLL_S
         try:
-            ran = self.loop.step()
+            wait = self.loop.poll()
         except Exception as exc:  # a scheduling bug: the state of every request is suspect
             log.exception("scheduling failed; failing every request on this replica")
             for req_id in list(self.scheduler.requests):
                 self._fail_request(req_id, f"{type(exc).__name__}: {exc}")
             return 0.0
-        if ran:
-            self._idle_steps = 0
-            return 0.0
-        wake = self.scheduler.next_wakeup()
-        if wake is not None:  # the policy holds work back until then
-            return min(max(wake - self.scheduler.clock(), 0.0), IDLE_POLL_S)
-        self._idle_steps += 1
-        if self._idle_steps >= MAX_IDLE_STEPS and self.scheduler.waiting:
-            self._idle_steps = 0
-            self.scheduler.abort(self.scheduler.waiting[0].req_id, "stalled: the KV cache cannot hold this request")
-        return 0.001
+        return IDLE_POLL_S if wait is None else min(wait, IDLE_POLL_S)
 
     def stats(self) -> ipc.Stats:
         return ipc.Stats(
@@ -234,16 +221,7 @@ class SchedulerService:
 
     def pools(self) -> dict[str, list[int]]:
         """[free, total] of every pool the scheduler holds: KV pages and, for stateful codecs, slots."""
-        out: dict[str, list[int]] = {}
-        for attr, value in vars(self.scheduler).items():
-            if isinstance(value, PagePool):
-                name, counts = "kv_pages", [value.num_free, value.num_usable]
-            elif isinstance(value, SlotPool):
-                name, counts = "codec_slots", [value.num_free, value.num_slots]
-            else:
-                continue
-            out[f"{name}:{attr}" if name in out else name] = counts
-        return out
+        return {name: list(counts) for name, counts in self.scheduler.pool_usage().items()}
 
 
 class Connection:

@@ -82,6 +82,13 @@ class Scheduler:
         self._end(req, RequestStatus.ABORTED, reason)
         return True
 
+    def pool_usage(self) -> dict[str, tuple[int, int]]:
+        """(free, total) of the KV page pool and, for stateful codecs, the codec slot pool."""
+        usage = {"kv_pages": (self.pool.num_free, self.pool.num_usable)}
+        if self.slots is not None:
+            usage["codec_slots"] = (self.slots.num_free, self.slots.num_slots)
+        return usage
+
     def has_work(self) -> bool:
         return bool(self.requests)
 
