@@ -24,8 +24,11 @@ class FieldError(ValueError):
         self.field = field
 
 
-def normalise_fields(meta: ProgramMeta, fields: dict[str, Any]) -> dict[str, Any]:
-    """Apply aliases, reject unknown fields and check types; returns a new dict."""
+def normalise_fields(meta: ProgramMeta, fields: dict[str, Any], require_text: bool = True) -> dict[str, Any]:
+    """Apply aliases, reject unknown fields and check types; returns a new dict.
+
+    `require_text=False` checks everything but the text (an input-streaming session's text arrives later).
+    """
     out: dict[str, Any] = {}
     for key, value in fields.items():
         key = _ALIASES.get(key, key)
@@ -41,6 +44,8 @@ def normalise_fields(meta: ProgramMeta, fields: dict[str, Any]) -> dict[str, Any
             raise FieldError(key, "must be a string")
         out[key] = value
     text = out.get("text")
+    if text is None and not require_text:
+        return out
     if not isinstance(text, str) or not text.strip():
         raise FieldError("text", "is required and must not be empty")
     if len(text) > meta.max_text_chars:

@@ -159,9 +159,9 @@ def _form_value(key: str, value: str) -> Any:
     return value
 
 
-def validate_fields(meta: ProgramMeta, fields: dict[str, Any]) -> dict[str, Any]:
+def validate_fields(meta: ProgramMeta, fields: dict[str, Any], require_text: bool = True) -> dict[str, Any]:
     """The normalised fields (aliases applied); FieldError for anything the model cannot take."""
-    clean = normalise_fields(meta, fields)
+    clean = normalise_fields(meta, fields, require_text)
     for key, value in clean.items():
         if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
             raise FieldError(key, "must fit in a signed 64-bit integer")
@@ -170,12 +170,12 @@ def validate_fields(meta: ProgramMeta, fields: dict[str, Any]) -> dict[str, Any]
 
 
 def validate_session_fields(meta: ProgramMeta, fields: dict[str, Any]) -> dict[str, Any]:
-    """Fields of an input-streaming session, whose text comes later (checked with a stand-in text)."""
+    """Fields of an input-streaming session, whose text comes later."""
     if fields.get("streaming") is False:
         raise FieldError("streaming", "an input-streaming session always streams its audio")
-    clean = validate_fields(meta, {**fields, "text": "."})
-    del clean["text"]
-    return clean
+    if "text" in fields:
+        raise FieldError("text", "an input-streaming session sends its text with /generate/stream/{id}/text")
+    return validate_fields(meta, fields, require_text=False)
 
 
 async def check_audio(meta: ProgramMeta, audio: bytes | None) -> None:
