@@ -209,6 +209,79 @@ def test_deadline_defers_prefills_while_a_stream_is_about_to_underrun_for_at_mos
     assert any("admitted after" in n for n in b.scheduler.notes)
 
 
+def test_deadline_ends_a_deferral_early_when_the_waiting_streams_own_first_audio_is_due() -> None:
+    b = _deadline(deadline_max_prefill_deferral_ms=10_000.0)  # the limit never ends this deferral
+    s = b.scheduler
+    assert isinstance(s, DeadlineScheduler)
+    _stream_about_to_underrun(b)
+    new = b.add("new", frames=10)
+    assert not b.step().prefill  # deferred: its first audio is due in 300 ms, it has time
+    s.now = b.clock()
+    due_at = s.now + s.first_audio_slack(new) - s.prefill_s  # waiting longer would miss its first audio
+    assert due_at > s.now + 0.05
+    assert s.next_wakeup() is not None and s.next_wakeup() <= due_at + 1e-9
+    b.clock.advance_to(due_at - 0.02)
+    assert not b.step().prefill
+    b.clock.advance_to(due_at + 0.001)
+    plan = b.step()
+    assert [r.req_id for r in plan.prefill] == ["new"]
+    assert s._at_risk and any("its own first audio is due" in n for n in s.notes)
+    b.run()
+    assert finished(new) and new.stats.first_audio - new.stats.arrival <= 0.3 + 0.02
+
+
+def test_deadline_estimates_use_the_measured_step_period_once_there_is_one() -> None:
+    b = _deadline(deadline_lm_step_ms=50.0)  # configured far above the toy's ~11 ms steps
+    s = b.scheduler
+    assert isinstance(s, DeadlineScheduler)
+    req = b.add("r0", frames=200)
+    times = []
+    for _ in range(4):
+        b.step()
+        times.append(b.clock())
+    assert s.step_period() == pytest.approx(0.050)  # too few steps measured: the configured estimate
+    for _ in range(120):
+        b.step()
+        times.append(b.clock())
+    gaps = [t1 - t0 for t0, t1 in zip(times[-10:-1], times[-9:], strict=True)]
+    assert s.step_period() == pytest.approx(sum(gaps) / len(gaps), rel=0.1)
+    s.now = b.clock()
+    if not s.has_ready_chunk(req):
+        assert s.time_to_next_chunk(req) < 8 * 0.011 + s.codec_s
+    b.clock.advance(1.0)  # a stall is not a step: the measured period ignores it
+    b.step()
+    assert s.step_period() == pytest.approx(sum(gaps) / len(gaps), rel=0.1)
+
+
+def test_deadline_runs_more_than_a_batch_only_while_the_batch_keeps_every_stream_real_time() -> None:
+    b = Bench("deadline", lim=limits(max_batch=2), deadline_prefill_ms=0.0, deadline_startup_ms=300.0)
+    s = b.scheduler
+    assert isinstance(s, DeadlineScheduler)
+    ahead = [b.add(f"ahead{i}", frames=150) for i in range(2)]
+    while min(r.stats.num_audio_samples for r in ahead) < 1000:
+        b.step()
+    # A toy frame is 0.1 s of audio and 2 steps: at a 60 ms period, one batch slot keeps 0.1 / 0.06 / 2
+    # streams real time, so a batch of 2 keeps 1.7 -- not a third.
+    s._period_s = 0.060
+    b.add("new", frames=20)
+    assert s.realtime_capacity() == pytest.approx(2 * 0.1 / 0.060 / 2)
+    plan = b.step()
+    assert not plan.prefill and len(s.running) == 2
+    s._period_s = 0.011  # 9 streams: room for a third
+    plan = b.step()
+    assert [r.req_id for r in plan.prefill] == ["new"] and len(s.running) == 3
+
+
+def test_deadline_lends_no_batch_slot_while_a_stream_is_about_to_underrun() -> None:
+    # Deferrals end at once (limit 0): only the full batch keeps "new" waiting.
+    b = Bench("deadline", lim=limits(max_batch=1), deadline_startup_ms=300.0, deadline_max_prefill_deferral_ms=0.0,
+              deadline_lm_step_ms=11.0, deadline_codec_ms=2.0, deadline_prefill_ms=15.0)
+    old = _stream_about_to_underrun(b)
+    b.add("new", frames=10)
+    plan = b.step()
+    assert not plan.prefill and len(b.scheduler.running) == 1 and b.scheduler._at_risk == [old]
+
+
 def test_deadline_non_streaming_requests_never_defer_prefills() -> None:
     b = _deadline()
     _stream_about_to_underrun(b, streaming=False)
