@@ -19,9 +19,10 @@ from vox_serve.worker.program_worker import ProgramWorker, startup_report
 def build_loop(config: VoxConfig) -> tuple[EngineLoop, object]:
     program = build_program(config)
     scheduler = make_scheduler(program.meta, program.limits, config.scheduler)
-    worker = ProgramWorker(program, use_cuda_graphs=not config.engine.disable_cuda_graph)
+    worker = ProgramWorker(program, use_cuda_graphs=not config.engine.disable_cuda_graph,
+                           nvtx=config.engine.enable_nvtx)
     print(startup_report(program, worker), file=sys.stderr)
-    return EngineLoop(scheduler, worker), program
+    return EngineLoop(scheduler, worker, nvtx=config.engine.enable_nvtx), program
 
 
 def run_bench(config: VoxConfig) -> int:

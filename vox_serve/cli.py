@@ -86,7 +86,7 @@ FLAGS: tuple[Flag, ...] = (
        help="paged attention implementation"),
     _f("--disable-cuda-graph", action="store_true", runtimes=PY_ONLY,
        help="run stages eagerly instead of replaying CUDA graphs"),
-    _f("--enable-nvtx", action="store_true", runtimes=PY_ONLY, implemented=False,
+    _f("--enable-nvtx", action="store_true", runtimes=PY_ONLY,
        help="NVTX ranges around stages and scheduling"),
     _f("--async-scheduling", action="store_true", runtimes=PY_ONLY,
        help="plan the next step while the GPU runs the current one"),
@@ -269,7 +269,7 @@ def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
             deadline_lm_step_ms=v["deadline_lm_step_ms"], deadline_codec_ms=v["deadline_codec_ms"],
             deadline_prefill_ms=v["deadline_prefill_ms"],
         ),
-        engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"]),
+        engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"], v["enable_nvtx"]),
         bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"]),
         server=ServerConfig(v["host"], v["port"], v["dp_size"], v["request_timeout_s"], v["max_upload_mb"]),
     )

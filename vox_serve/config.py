@@ -87,6 +87,7 @@ class EngineConfig:
 
     attention_backend: str = "auto"  # auto | torch | flashinfer
     disable_cuda_graph: bool = False
+    enable_nvtx: bool = False  # NVTX ranges around stage launches and scheduling (for nsys)
 
 
 @dataclass(frozen=True)

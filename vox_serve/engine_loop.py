@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from vox_serve.rt.nvtx import nvtx_range
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.scheduler.plan import StepPlan, StepResult
 from vox_serve.trace import Tracer
@@ -33,8 +34,9 @@ class Worker(Protocol):
 
 class EngineLoop:
     def __init__(self, scheduler: Scheduler, worker: Worker, async_scheduling: bool | None = None,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer | None = None, nvtx: bool = False) -> None:
         self.scheduler, self.worker = scheduler, worker
+        self.nvtx = nvtx
         config = scheduler.config
         self.async_scheduling = config.async_scheduling if async_scheduling is None else async_scheduling
         if tracer is None and config.trace_dir:
@@ -54,7 +56,8 @@ class EngineLoop:
     def step(self) -> bool:
         """One step; False when nothing was launched or collected. A failing step fails only its requests."""
         start = time.perf_counter()
-        plan = self.scheduler.schedule()
+        with nvtx_range("schedule", self.nvtx):
+            plan = self.scheduler.schedule()
         launched = None
         if not plan.is_empty:
             self.num_steps += 1

@@ -22,6 +22,7 @@ from vox_serve.request import OutKind
 from vox_serve.rt.attention import AttentionPlan
 from vox_serve.rt.engine import bucket_sizes, pick_bucket
 from vox_serve.rt.graphs import StageGraphs
+from vox_serve.rt.nvtx import nvtx_range
 from vox_serve.rt.program import Program, attention_buffers
 from vox_serve.scheduler.plan import CodecOut, CodecRow, LmOut, LmRow, StepPlan, StepResult
 
@@ -47,8 +48,9 @@ class StepHandle:
 
 
 class ProgramWorker:
-    def __init__(self, program: Program, use_cuda_graphs: bool = False) -> None:
+    def __init__(self, program: Program, use_cuda_graphs: bool = False, nvtx: bool = False) -> None:
         self.program = program
+        self.nvtx = nvtx and program.device.type == "cuda"
         lim = program.limits
         self.decode_buckets = bucket_sizes(lim.max_batch)
         self.prefill_buckets = bucket_sizes(lim.max_prefill_tokens, min(16, lim.max_prefill_tokens))
@@ -103,10 +105,11 @@ class ProgramWorker:
             start.record()
         else:
             start = time.perf_counter()
-        if self.graphs is not None and self.graphs.has(stage, bucket):
-            self.graphs.replay(stage, bucket)
-        else:
-            getattr(self.program, stage)(bucket, *args)
+        with nvtx_range(f"{stage}[{bucket}]", self.nvtx):
+            if self.graphs is not None and self.graphs.has(stage, bucket):
+                self.graphs.replay(stage, bucket)
+            else:
+                getattr(self.program, stage)(bucket, *args)
         if self.on_cuda:
             end.record()
         else:
