@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vox_serve.codecs.weight_norm import fuse_weight_norm
 from vox_serve.rt.kernels import hash_normal
 
 
@@ -170,24 +171,6 @@ class _VQ(nn.Module):
         return z[..., None].expand(b, c, t, self.stride).reshape(b, c, t * self.stride)
 
 
-_WN = ((".weight_g", ".weight_v"),
-       (".parametrizations.weight.original0", ".parametrizations.weight.original1"))
-
-
-def _fuse_weight_norm(sd: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Map weight_g/weight_v and parametrizations.weight.original0/1 to a plain fused ``weight`` (dim 0).
-
-    An unpaired g or v is passed through unchanged (it then shows up as an unexpected key).
-    """
-    out = dict(sd)
-    for k in sd:
-        for g_sfx, v_sfx in _WN:
-            base = k[: -len(g_sfx)]
-            if k.endswith(g_sfx) and base + v_sfx in sd:
-                g, v = out.pop(k).float(), out.pop(base + v_sfx).float()
-                norm = v.flatten(1).norm(dim=1).reshape(-1, *[1] * (v.dim() - 1))
-                out[base + ".weight"] = v * (g.reshape(norm.shape) / norm)
-    return out
 
 
 class SnacDecoder(nn.Module):
@@ -250,7 +233,7 @@ class SnacDecoder(nn.Module):
         """Load decoder-side weights from a reference SNAC state dict (any weight-norm layout)."""
         sd = {k: v for k, v in sd.items() if not (k.startswith("encoder.") or ".in_proj." in k
                                                   or k.endswith("rel_pos.inv_freq"))}
-        sd = _fuse_weight_norm(sd)
+        sd = fuse_weight_norm(sd)
         own = self.state_dict()
         missing = sorted(set(own) - set(sd))
         unexpected = sorted(set(sd) - set(own))
