@@ -90,6 +90,7 @@ def test_session_calls_out_of_order_get_clear_errors(server: Server) -> None:
 
 def test_closing_the_session_audio_aborts_it_and_frees_the_pools(server: Server) -> None:
     wait_until(server.pools_full, 10.0)
+    time.sleep(0.5)  # replica stats refresh every 0.2 s: read the abort count after one has surely arrived
     aborted = server.replicas()[0]["aborted"]
     session = start(server, text="A long one.", voice="zoe", max_tokens=3000, ignore_eos=True)
     assert server.client.post(f"/generate/stream/{session}/end").status_code == 200
@@ -97,5 +98,5 @@ def test_closing_the_session_audio_aborts_it_and_frees_the_pools(server: Server)
         assert response.status_code == 200
         next(response.iter_raw())
     wait_until(server.pools_full, 10.0)
-    assert server.replicas()[0]["aborted"] == aborted + 1
+    wait_until(lambda: server.replicas()[0]["aborted"] == aborted + 1, 5.0)
     assert server.client.post(f"/generate/stream/{session}/text", json={"text": "x"}).status_code == 404

@@ -85,7 +85,10 @@ def build_request(meta: ProgramMeta, preprocess: Callable[[dict[str, Any]], list
     sampling = sampling_params(meta, clean, greedy, seed)
     try:
         prompt = preprocess(clean)
-    except ValueError as exc:
-        raise FieldError("voice" if "voice" in str(exc) else "text", str(exc)) from exc
+    except FieldError:
+        raise
+    except ValueError as exc:  # prompt builders name the field first: "voice 'x' is not one of ..."
+        first = str(exc).split(" ", 1)[0].rstrip(":")
+        raise FieldError(first if first in clean else "text", str(exc)) from exc
     return Request(req_id=req_id, prompt_ids=prompt, sampling=sampling, streaming=clean.get("streaming", True),
                    extra={"fields": clean})

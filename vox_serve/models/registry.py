@@ -37,10 +37,19 @@ def _build_orpheus(a: BuildArgs) -> Program:
                         a.max_model_len or FAMILIES["orpheus"].default_max_model_len, a.codec_path)
 
 
+def _build_qwen3_tts(a: BuildArgs) -> Program:
+    from vox_serve.models.qwen3_tts_loader import load_qwen3_tts
+
+    return load_qwen3_tts(a.name, a.load_format, a.device, a.dtype, a.seed,
+                          a.max_model_len or FAMILIES["qwen3-tts"].default_max_model_len, a.codec_path)
+
+
 FAMILIES: dict[str, ModelFamily] = {
     "orpheus": ModelFamily("orpheus", 4096, _build_orpheus),
+    "qwen3-tts": ModelFamily("qwen3-tts", 4096, _build_qwen3_tts),
 }
-NAMES: dict[str, str] = {"orpheus": "orpheus", "orpheus-tiny": "orpheus", "canopylabs/orpheus-3b-0.1-ft": "orpheus"}
+NAMES: dict[str, str] = {"orpheus": "orpheus", "orpheus-tiny": "orpheus", "canopylabs/orpheus-3b-0.1-ft": "orpheus",
+                         "qwen3-tts": "qwen3-tts", "qwen3-tts-tiny": "qwen3-tts"}
 
 
 def family_of(name: str) -> ModelFamily:
@@ -49,12 +58,17 @@ def family_of(name: str) -> ModelFamily:
         return FAMILIES[NAMES[name]]
     if "orpheus" in name.lower():
         return FAMILIES["orpheus"]
+    if "qwen3-tts" in name.lower():
+        return FAMILIES["qwen3-tts"]
     local = resolve_local(name)
     if local is not None and (Path(local) / "config.json").exists():
         cfg = read_json(Path(local) / "config.json")
         if "LlamaForCausalLM" in cfg.get("architectures", []) and cfg.get("vocab_size", 0) >= 156940:
             return FAMILIES["orpheus"]
-    raise CheckpointError(f"unknown model {name!r}; known: {', '.join(sorted(NAMES))}, or an Orpheus checkpoint dir")
+        if cfg.get("model_type") == "qwen3_tts":
+            return FAMILIES["qwen3-tts"]
+    raise CheckpointError(f"unknown model {name!r}; known: {', '.join(sorted(NAMES))}, or an Orpheus or "
+                          "Qwen3-TTS checkpoint dir")
 
 
 def build_program(args: BuildArgs) -> Program:

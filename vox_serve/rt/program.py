@@ -55,7 +55,7 @@ def codec_fields(batch: int, window: int, meta: ProgramMeta, frames_per_chunk: i
         FieldSpec("codes", (batch, window, meta.codes_per_frame), torch.int64),
         FieldSpec("first_frame", (batch,), torch.int64),
         FieldSpec("seed", (batch,), torch.int64),
-        FieldSpec("slot", (batch,), torch.int64),
+        FieldSpec("slot", (batch,), torch.int64),  # codec slot; -1 (NO_SLOT) on padded rows
     ]
     outputs = [FieldSpec("pcm", (batch, frames_per_chunk * meta.samples_per_frame), torch.int16)]
     return inputs, outputs

@@ -31,7 +31,7 @@ from vox_serve.request import OutKind, Request, RequestStatus
 from vox_serve.rt.meta import EngineLimits, ProgramMeta
 from vox_serve.rt.page_pool import PagePool, SlotPool
 from vox_serve.scheduler.chunks import ChunkGeometry
-from vox_serve.scheduler.plan import CodecRow, LmOut, LmRow, StepPlan, StepResult
+from vox_serve.scheduler.plan import ABSENT_ID, CodecRow, LmOut, LmRow, StepPlan, StepResult
 
 
 class QueueFull(RuntimeError):
@@ -297,9 +297,10 @@ class Scheduler:
         start = req.num_computed
         known = min(start + n, req.total_len)
         pending = start + n > req.total_len  # the last input is the token sampled in flight
-        input_ids = [req.input_row(p) for p in range(start, known)]
+        width = self.meta.input_columns
+        input_ids = [_widen(req.input_row(p), width) for p in range(start, known)]
         if pending:
-            input_ids.append([0] * self.meta.input_columns)
+            input_ids.append([ABSENT_ID] * width)
         return LmRow(
             req_id=req.req_id, input_ids=input_ids,
             start_pos=start, pages=self.pool.pages(req.req_id), sample=sample,
@@ -403,3 +404,8 @@ class Scheduler:
             for req_id in [r for r in self._free_later if r not in flying]:
                 self.pool.free(req_id)
                 self._free_later.discard(req_id)
+
+
+def _widen(row: list[int], width: int) -> list[int]:
+    """A generated row (codes_per_step ids) padded to the input width (models with a text column)."""
+    return row if len(row) == width else row + [ABSENT_ID] * (width - len(row))

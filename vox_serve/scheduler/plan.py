@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+ABSENT_ID = -1  # an input column with no id: generated rows are padded to the input width with it
+NO_SLOT = -1  # the codec slot of a padded codec row (a stateful codec must not touch any request's state)
+
 
 @dataclass
 class LmRow:
     """One sequence in a prefill or decode launch.
 
-    `input_ids[i]` is the input row of position `start_pos + i` (`input_columns` ids each).
+    `input_ids[i]` is the input row of position `start_pos + i` (`input_columns` ids each). A generated
+    position's row is its sampled `tokens` row in the leading columns, then `ABSENT_ID`.
     `kv_len` counts the KV after this step; `pages` hold at least `kv_len` tokens.
     """
 

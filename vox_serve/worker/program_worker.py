@@ -24,7 +24,7 @@ from vox_serve.rt.engine import bucket_sizes, pick_bucket
 from vox_serve.rt.graphs import StageGraphs
 from vox_serve.rt.nvtx import nvtx_range
 from vox_serve.rt.program import Program, attention_buffers
-from vox_serve.scheduler.plan import CodecOut, CodecRow, LmOut, LmRow, StepPlan, StepResult
+from vox_serve.scheduler.plan import NO_SLOT, CodecOut, CodecRow, LmOut, LmRow, StepPlan, StepResult
 
 NULL_SLOT = 0  # token slot 0 lies in the reserved null page
 
@@ -96,6 +96,7 @@ class ProgramWorker:
                                 attention_buffers(arena))
         else:
             arena.host["codes"].zero_()
+            arena.host["slot"].fill_(NO_SLOT)
             arena.upload()
 
     def _launch(self, stage: str, bucket: int, *args: int) -> None:
@@ -219,9 +220,9 @@ class ProgramWorker:
         pending, tokens, kinds = carry
         a = self.program.arenas["decode_in"]
         dst = self._to_device(pending)
-        if a["input_ids"].shape[1] != tokens.shape[1]:
-            raise ValueError("pending inputs need input rows equal to the sampled token rows")
-        a["input_ids"].index_copy_(0, dst, tokens)
+        if a["input_ids"].shape[1] < tokens.shape[1]:
+            raise ValueError("pending inputs need input rows at least as wide as the sampled token rows")
+        a["input_ids"][:, : tokens.shape[1]].index_copy_(0, dst, tokens)  # the rest stays ABSENT_ID
         audio = (kinds == int(OutKind.AUDIO)).to(a["num_codes"].dtype) * tokens.shape[1]
         a["num_codes"].index_add_(0, dst, audio)
         window = a["history"].shape[1]
@@ -347,7 +348,7 @@ class ProgramWorker:
         h["codes"][:bucket] = codes
         h["first_frame"][:bucket] = torch.tensor([r.first_frame for r in rows] + [0] * (bucket - n))
         h["seed"][:bucket] = torch.tensor([r.seed for r in rows] + [0] * (bucket - n))
-        h["slot"][:bucket] = torch.tensor([r.slot for r in rows] + [0] * (bucket - n))
+        h["slot"][:bucket] = torch.tensor([r.slot for r in rows] + [NO_SLOT] * (bucket - n))
         self._upload("codec_in")
         self._launch("codec", bucket)
         handle.codec = rows, self._to_host(prog.arenas["codec_out"]["pcm"][:n].clone())

@@ -1,0 +1,114 @@
+"""Qwen3-TTS test machinery: the reference venv, tiny checkpoints it writes, and running our program.
+
+The reference (PyPI qwen-tts 0.1.1, transformers 4.57.3) lives in its own venv (scripts/
+setup_qwen_reference.sh) and runs in a subprocess: tests/qwen_ref/talker_ref.py. Without it the tests
+that need it skip, unless VOX_REQUIRE_QWEN_REF=1, which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
+from vox_serve.engine_loop import EngineLoop
+from vox_serve.models.qwen2_tokenizer import save_tokenizer_files, tiny_qwen2_tokenizer
+from vox_serve.models.qwen3_tts_loader import QWEN3_TTS_TINY_CONFIG, TINY_CODEC_CONFIG, load_qwen3_tts
+from vox_serve.request_builder import build_request
+from vox_serve.rt.engine import prepare_program
+from vox_serve.scheduler.base import Scheduler
+from vox_serve.worker.program_worker import ProgramWorker
+
+ROOT = Path(__file__).resolve().parents[1]
+REF_PYTHON = Path(os.environ.get("QWEN_REF_PYTHON", ROOT / ".venv-qwen" / "bin" / "python"))
+REF_SCRIPT = Path(__file__).parent / "qwen_ref" / "talker_ref.py"
+
+
+def require_reference() -> Path:
+    """The reference interpreter, or skip (fail with VOX_REQUIRE_QWEN_REF=1) saying why it is missing."""
+    why = None
+    if not REF_PYTHON.exists():
+        why = f"{REF_PYTHON} does not exist (run scripts/setup_qwen_reference.sh)"
+    else:
+        probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('qwen_tts') is None)"
+        if subprocess.run([str(REF_PYTHON), "-c", probe], capture_output=True, timeout=120).returncode != 0:
+            why = f"{REF_PYTHON} has no qwen_tts package (run scripts/setup_qwen_reference.sh)"
+    if why is not None:
+        if os.environ.get("VOX_REQUIRE_QWEN_REF") == "1":
+            pytest.fail(f"Qwen3-TTS reference required but unavailable: {why}")
+        pytest.skip(f"Qwen3-TTS reference unavailable: {why}")
+    return REF_PYTHON
+
+
+def run_reference(*args: str | Path, timeout: int = 900) -> None:
+    proc = subprocess.run([str(require_reference()), str(REF_SCRIPT), *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"reference {args[0]} failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
+def write_tiny_checkpoint(path: Path, config: dict | None = None, seed: int = 0) -> Path:
+    """A tiny config (default QWEN3_TTS_TINY_CONFIG) written by the reference (save_pretrained), with our
+    tiny tokenizer's files."""
+    path.mkdir(parents=True, exist_ok=True)
+    save_tokenizer_files(tiny_qwen2_tokenizer(), path)
+    spec = {**(config or QWEN3_TTS_TINY_CONFIG), "_seed": seed,
+            "_speech_tokenizer_decoder": TINY_CODEC_CONFIG["decoder_config"]}
+    (path.parent / f"{path.name}-build.json").write_text(json.dumps(spec))
+    run_reference("build", path.parent / f"{path.name}-build.json", path)
+    return path
+
+
+def voice_design_copy(ckpt: Path, path: Path) -> Path:
+    """The same weights declared as a VoiceDesign model (no named speakers)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for item in ckpt.iterdir():
+        if item.name != "config.json":
+            (path / item.name).symlink_to(item)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["tts_model_type"] = "voice_design"
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def make_program(ckpt: Path, eos_scale: float = 1.0, max_num_pages: int = 128, frames_per_chunk: int | None = None,
+                 max_batch: int = 8):
+    program = load_qwen3_tts(str(ckpt), "auto", torch.device("cpu"), torch.float32, seed=0, max_model_len=512)
+    with torch.no_grad():
+        program.talker.codec_head.weight[program.ids.codec_eos] *= eos_scale
+    config = VoxConfig(model=ModelConfig(model=str(ckpt), device="cpu"),
+                       cache=CacheConfig(page_size=16, max_num_pages=max_num_pages),
+                       scheduler=SchedulerConfig(max_batch_size=max_batch, max_prefill_tokens=256,
+                                                 detokenize_interval=frames_per_chunk))
+    return prepare_program(program, config), config
+
+
+def run_requests(program, config, field_sets: list[dict], greedy: bool = True,
+                 async_scheduling: bool = False) -> tuple[list, EngineLoop]:
+    """Run requests to completion; each collects its PCM chunks in extra["chunks"]."""
+    loop = EngineLoop(Scheduler(program.meta, program.limits, config.scheduler), ProgramWorker(program),
+                      async_scheduling=async_scheduling)
+    reqs = []
+    for i, fields in enumerate(field_sets):
+        req = build_request(program.meta, program.preprocess, fields, f"r{i}", greedy=greedy, seed=i)
+        req.extra["chunks"] = []
+        req.sink = lambda r, pcm, final: pcm and r.extra["chunks"].append(pcm)
+        loop.scheduler.add_request(req)
+        reqs.append(req)
+    loop.run_until_idle()
+    for req in reqs:
+        assert req.error is None, req.error
+    return reqs, loop
+
+
+def case_fields(case: dict, frames: int) -> dict:
+    """A reference case as our request fields; `frames` = the reference's max_new_tokens - 1 (its last
+    sampled group-0 code never gets a frame)."""
+    fields = {"text": case["text"], "voice": case.get("speaker"), "language": case.get("language"),
+              "instruct": case.get("instruct"), "max_tokens": frames}
+    return {k: v for k, v in fields.items() if v is not None}

@@ -1,0 +1,190 @@
+"""Qwen3-TTS networks: the talker (paged KV, flattened tokens) and the code predictor (static KV).
+
+Both are Qwen3 decoders: RMSNorm on q and k per head, SwiGLU, no biases. The talker's rope is
+M-RoPE with interleaved sections, but for text-to-speech its three position streams (temporal,
+height, width) are all the token's sequence position (the reference's `get_rope_index` expands one
+stream three times, prompt and decode alike), so every section rotates by the same angle and M-RoPE
+is exactly 1D rope over the whole head. The code predictor uses plain rope over positions 0..G-1
+(G = code groups: the talker hidden, then one embedding per code group).
+
+Codec embeddings: the talker's table (group 0 and control ids) and the predictor's tables (groups
+1..G-1) live in one matrix `codec_tables` with per-group row offsets, so the input embedding of a
+position, `sum_g table_g[id_g]`, is one gather; the predictor reads its inputs from the same matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vox_serve.layers.llama import RMSNorm
+from vox_serve.layers.rope import RotaryEmbedding, rope_parameters
+
+Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]  # (layer, q [T,Hq,D], k, v [T,Hkv,D]) -> [T,Hq,D]
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> DecoderConfig:
+        heads = cfg["num_attention_heads"]
+        rope = rope_parameters(cfg)
+        if rope["rope_type"] != "default":
+            raise ValueError(f"Qwen3-TTS: rope_type {rope['rope_type']!r} is not supported (only 'default')")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"Qwen3-TTS: hidden_act {cfg['hidden_act']!r} is not supported")
+        if cfg.get("use_sliding_window") or cfg.get("attention_bias"):
+            raise ValueError("Qwen3-TTS: sliding-window attention and attention biases are not supported")
+        return cls(
+            vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"],
+            num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(rope["rope_theta"]),
+        )
+
+
+class Qwen3Layer(nn.Module):
+    """Pre-norm decoder layer; attention is whatever `attend` does with the rotated q, k and v."""
+
+    def __init__(self, cfg: DecoderConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor, positions: Tensor, rope: RotaryEmbedding, attend: Attend) -> Tensor:
+        """x [T, hidden], positions [T] -> [T, hidden]."""
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(self.input_layernorm(x)).split(self.split, dim=-1)
+        q = self.q_norm(q.view(t, self.num_heads, self.head_dim))
+        k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim))
+        q, k = rope(q, k, positions)
+        out = attend(self.layer_id, q, k, v.view(t, self.num_kv_heads, self.head_dim))
+        x = x + self.o_proj(out.reshape(t, -1))
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class Talker(nn.Module):
+    """Text embedding + projection, the code-group embedding tables, the decoder and the codec head."""
+
+    def __init__(self, cfg: DecoderConfig, text_vocab_size: int, text_hidden_size: int, predictor_vocab: int,
+                 num_code_groups: int, max_positions: int) -> None:
+        super().__init__()
+        self.cfg, self.num_code_groups = cfg, num_code_groups
+        self.text_embedding = nn.Embedding(text_vocab_size, text_hidden_size)
+        self.text_fc1 = nn.Linear(text_hidden_size, text_hidden_size, bias=True)
+        self.text_fc2 = nn.Linear(text_hidden_size, cfg.hidden_size, bias=True)
+        sizes = [cfg.vocab_size] + [predictor_vocab] * (num_code_groups - 1)
+        offsets = torch.tensor([sum(sizes[:g]) for g in range(num_code_groups)], dtype=torch.int64)
+        self.register_buffer("table_offsets", offsets, persistent=False)
+        self.codec_tables = nn.Parameter(torch.empty(sum(sizes), cfg.hidden_size))
+        self.layers = nn.ModuleList(Qwen3Layer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rope = RotaryEmbedding(cfg.head_dim, max_positions, {"rope_type": "default", "rope_theta": cfg.rope_theta})
+
+    def project_text(self, text_ids: Tensor) -> Tensor:
+        """[N] text ids -> [N, hidden]: embedding, then the 2-layer SiLU projection."""
+        return self.text_fc2(F.silu(self.text_fc1(self.text_embedding(text_ids))))
+
+    def codec_embedding(self, group: int, ids: Tensor) -> Tensor:
+        """Embeddings of code group `group` (0: the talker's own table, control ids included)."""
+        return F.embedding(ids + self.table_offsets[group], self.codec_tables)
+
+    def embed(self, ids: Tensor, tts_pad_id: int) -> Tensor:
+        """ids [T, G + 1] (codes of groups 0..G-1, then the text id; -1 = absent) -> [T, hidden].
+
+        An absent text id is tts_pad: generated frames carry no text (the prompt holds all of it).
+        """
+        g = self.num_code_groups
+        text = ids[:, g]
+        x = self.project_text(torch.where(text >= 0, text, tts_pad_id))
+        codes = ids[:, :g]
+        present = (codes >= 0).unsqueeze(-1)
+        emb = F.embedding(codes.clamp(min=0) + self.table_offsets, self.codec_tables)  # [T, G, hidden]
+        return x + torch.where(present, emb, 0.0).sum(dim=1)
+
+    def forward(self, ids: Tensor, positions: Tensor, attend: Attend, tts_pad_id: int) -> Tensor:
+        """ids [T, G + 1], positions [T] -> final hidden states [T, hidden]."""
+        x = self.embed(ids, tts_pad_id)
+        for layer in self.layers:
+            x = layer(x, positions, self.rope, attend)
+        return self.norm(x)
+
+
+class CodePredictor(nn.Module):
+    """Samples code groups 1..G-1 of a frame from the talker's hidden state and group-0 code.
+
+    Its KV cache is a static buffer of G positions per row (`allocate`), rewritten every frame.
+    """
+
+    def __init__(self, cfg: DecoderConfig, talker_hidden: int, num_code_groups: int) -> None:
+        super().__init__()
+        self.cfg, self.num_code_groups = cfg, num_code_groups
+        self.in_proj = (nn.Linear(talker_hidden, cfg.hidden_size, bias=True)
+                        if talker_hidden != cfg.hidden_size else nn.Identity())
+        self.layers = nn.ModuleList(Qwen3Layer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.heads = nn.Parameter(torch.empty(num_code_groups - 1, cfg.vocab_size, cfg.hidden_size))
+        self.rope = RotaryEmbedding(cfg.head_dim, num_code_groups,
+                                    {"rope_type": "default", "rope_theta": cfg.rope_theta})
+        self.k_cache: Tensor | None = None
+        self.v_cache: Tensor | None = None
+
+    def allocate(self, max_rows: int) -> None:
+        """The static KV buffers [layers, rows, G, kv heads, head dim], once, at the largest batch."""
+        c = self.cfg
+        shape = (c.num_layers, max_rows, self.num_code_groups, c.num_kv_heads, c.head_dim)
+        w = self.heads
+        self.k_cache = torch.zeros(shape, dtype=w.dtype, device=w.device)
+        self.v_cache = torch.zeros(shape, dtype=w.dtype, device=w.device)
+
+    def step(self, x: Tensor, start: int, head: int) -> Tensor:
+        """Inputs x [B, n, talker hidden] at positions start..start+n-1 -> float32 logits [B, vocab]
+        of the last position through head `head` (group head + 1)."""
+        b, n, _ = x.shape
+        h = self.in_proj(x).reshape(b * n, -1)
+        positions = torch.arange(start, start + n, device=x.device).repeat(b)
+        end = start + n
+
+        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            kc, vc = self.k_cache[layer], self.v_cache[layer]
+            kc[:b, start:end] = k.view(b, n, *k.shape[1:])
+            vc[:b, start:end] = v.view(b, n, *v.shape[1:])
+            qh = q.view(b, n, *q.shape[1:]).transpose(1, 2)  # [B, Hq, n, D]
+            # Positions >= end hold another frame's (or a padded row's) keys: masked out.
+            visible = torch.arange(self.num_code_groups, device=x.device)[None, :] <= positions[:n, None]
+            out = F.scaled_dot_product_attention(qh, kc[:b].transpose(1, 2), vc[:b].transpose(1, 2),
+                                                 attn_mask=visible, enable_gqa=True)
+            return out.transpose(1, 2).reshape(b * n, *q.shape[1:])
+
+        for layer in self.layers:
+            h = layer(h, positions, self.rope, attend)
+        last = self.norm(h.view(b, n, -1)[:, -1])
+        return (last @ self.heads[head].t()).float()
