@@ -58,7 +58,7 @@ FLAGS: tuple[Flag, ...] = (
        help="serving runtime: auto (Rust if available, else Python), python or rust"),
     # model
     _f("--model", default="orpheus",
-       help="model name (orpheus, orpheus-tiny), Hugging Face id or local checkpoint directory"),
+       help="model name (orpheus, orpheus-tiny, qwen3-tts, qwen3-tts-tiny), Hugging Face id or local directory"),
     _f("--load-format", choices=["auto", "safetensors", "dummy"], default="auto",
        help="dummy: random weights of the configured shapes (no checkpoint needed)"),
     _f("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
