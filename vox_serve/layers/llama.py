@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from vox_serve.layers.decoder import DecoderLayer, RMSNorm
 from vox_serve.layers.rope import RotaryEmbedding, rope_parameters
 from vox_serve.rt.attention import AttentionBackend, AttentionBuffers
 
@@ -50,52 +50,16 @@ class LlamaConfig:
         )
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
-class LlamaLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig, layer_id: int) -> None:
-        super().__init__()
-        self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.split = (q_size, kv_size, kv_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=False)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
-                attn: AttentionBackend, bufs: AttentionBuffers) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]."""
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(self.input_layernorm(x)).split(self.split, dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        q, k = rope(q, k, positions)
-        out = attn.forward(self.layer_id, q, k, v.view(t, self.num_kv_heads, self.head_dim), bufs)
-        x = x + self.o_proj(out.reshape(t, -1))
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
-
-
 class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: LlamaConfig, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaLayer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                         cfg.rms_norm_eps, i)
+            for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -106,8 +70,12 @@ class LlamaForCausalLM(nn.Module):
                 bufs: AttentionBuffers) -> torch.Tensor:
         """input_ids [T], positions [T] -> final hidden states [T, hidden]."""
         x = self.embed_tokens(input_ids)
+
+        def attend(layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return attn.forward(layer_id, q, k, v, bufs)
+
         for layer in self.layers:
-            x = layer(x, positions, self.rope, attn, bufs)
+            x = layer(x, positions, self.rope, attend)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

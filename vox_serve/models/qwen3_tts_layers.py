@@ -14,7 +14,6 @@ position, `sum_g table_g[id_g]`, is one gather; the predictor reads its inputs f
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vox_serve.layers.llama import RMSNorm
+from vox_serve.layers.decoder import Attend, DecoderLayer, RMSNorm
 from vox_serve.layers.rope import RotaryEmbedding, rope_parameters
-
-Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]  # (layer, q [T,Hq,D], k, v [T,Hkv,D]) -> [T,Hq,D]
 
 
 @dataclass(frozen=True)
@@ -59,35 +56,13 @@ class DecoderConfig:
         )
 
 
-class Qwen3Layer(nn.Module):
-    """Pre-norm decoder layer; attention is whatever `attend` does with the rotated q, k and v."""
-
-    def __init__(self, cfg: DecoderConfig, layer_id: int) -> None:
-        super().__init__()
-        self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.split = (q_size, kv_size, kv_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=False)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: Tensor, positions: Tensor, rope: RotaryEmbedding, attend: Attend) -> Tensor:
-        """x [T, hidden], positions [T] -> [T, hidden]."""
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(self.input_layernorm(x)).split(self.split, dim=-1)
-        q = self.q_norm(q.view(t, self.num_heads, self.head_dim))
-        k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim))
-        q, k = rope(q, k, positions)
-        out = attend(self.layer_id, q, k, v.view(t, self.num_kv_heads, self.head_dim))
-        x = x + self.o_proj(out.reshape(t, -1))
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+def decoder_layers(cfg: DecoderConfig) -> nn.ModuleList:
+    """The Qwen3 decoder stack: shared layers with per-head q/k RMSNorm."""
+    return nn.ModuleList(
+        DecoderLayer(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                     cfg.rms_norm_eps, i, qk_norm=True)
+        for i in range(cfg.num_layers)
+    )
 
 
 class Talker(nn.Module):
@@ -104,7 +79,7 @@ class Talker(nn.Module):
         offsets = torch.tensor([sum(sizes[:g]) for g in range(num_code_groups)], dtype=torch.int64)
         self.register_buffer("table_offsets", offsets, persistent=False)
         self.codec_tables = nn.Parameter(torch.empty(sum(sizes), cfg.hidden_size))
-        self.layers = nn.ModuleList(Qwen3Layer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = decoder_layers(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = RotaryEmbedding(cfg.head_dim, max_positions, {"rope_type": "default", "rope_theta": cfg.rope_theta})
@@ -149,7 +124,7 @@ class CodePredictor(nn.Module):
         self.cfg, self.num_code_groups = cfg, num_code_groups
         self.in_proj = (nn.Linear(talker_hidden, cfg.hidden_size, bias=True)
                         if talker_hidden != cfg.hidden_size else nn.Identity())
-        self.layers = nn.ModuleList(Qwen3Layer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = decoder_layers(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.heads = nn.Parameter(torch.empty(num_code_groups - 1, cfg.vocab_size, cfg.hidden_size))
         self.rope = RotaryEmbedding(cfg.head_dim, num_code_groups,

@@ -1,0 +1,64 @@
+"""The pre-norm transformer decoder layer shared by the Llama-style and Qwen3-style models.
+
+RMSNorm -> fused q/k/v -> (optional per-head q/k RMSNorm, Qwen3) -> rope -> attention -> o_proj,
+then RMSNorm -> fused gate/up SwiGLU -> down_proj. Attention is whatever `attend` does with the
+rotated q, k and v: the paged KV backend for LMs, a static cache for a depth transformer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vox_serve.layers.rope import RotaryEmbedding
+
+Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]  # (layer, q [T,Hq,D], k, v [T,Hkv,D]) -> [T,Hq,D]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int,
+                 head_dim: int, eps: float, layer_id: int, qk_norm: bool = False) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.input_layernorm = RMSNorm(hidden_size, eps)
+        self.qkv_proj = nn.Linear(hidden_size, sum(self.split), bias=False)
+        if qk_norm:
+            self.q_norm = RMSNorm(head_dim, eps)
+            self.k_norm = RMSNorm(head_dim, eps)
+        self.qk_norm = qk_norm
+        self.o_proj = nn.Linear(q_size, hidden_size, bias=False)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: Tensor, positions: Tensor, rope: RotaryEmbedding, attend: Attend) -> Tensor:
+        """x [T, hidden], positions [T] -> [T, hidden]."""
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(self.input_layernorm(x)).split(self.split, dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope(q, k, positions)
+        out = attend(self.layer_id, q, k, v.view(t, self.num_kv_heads, self.head_dim))
+        x = x + self.o_proj(out.reshape(t, -1))
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
