@@ -28,13 +28,16 @@ def make_program(ckpt: Path, constrain: bool = True, frames_per_chunk: int | Non
     return prepare_program(program, config), config
 
 
-def run_requests(program, config, field_sets: list[dict], loop: EngineLoop | None = None) -> list:
-    """Run requests to completion with greedy sampling; each collects its PCM chunks in extra["chunks"]."""
+def run_requests(program, config, field_sets: list[dict], loop: EngineLoop | None = None,
+                 greedy: bool = True) -> list:
+    """Run requests to completion (greedy by default); each collects its PCM chunks in extra["chunks"].
+
+    Shared by every model's serving tests (tests/qwen3_tts_helpers.py too)."""
     if loop is None:
         loop = EngineLoop(Scheduler(program.meta, program.limits, config.scheduler), ProgramWorker(program))
     reqs = []
     for i, fields in enumerate(field_sets):
-        req = build_request(program.meta, program.preprocess, fields, f"r{i}", greedy=True, seed=i)
+        req = build_request(program.meta, program.preprocess, fields, f"r{i}", greedy=greedy, seed=i)
         req.extra["chunks"] = []
         req.sink = lambda r, pcm, final: pcm and r.extra["chunks"].append(pcm)
         loop.scheduler.add_request(req)

@@ -12,6 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import orpheus_helpers
 import pytest
 import torch
 
@@ -19,7 +20,6 @@ from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfi
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.models.qwen2_tokenizer import save_tokenizer_files, tiny_qwen2_tokenizer
 from vox_serve.models.qwen3_tts_loader import QWEN3_TTS_TINY_CONFIG, TINY_CODEC_CONFIG, load_qwen3_tts
-from vox_serve.request_builder import build_request
 from vox_serve.rt.engine import prepare_program
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.worker.program_worker import ProgramWorker
@@ -90,20 +90,10 @@ def make_program(ckpt: Path, eos_scale: float = 1.0, max_num_pages: int = 128, f
 
 def run_requests(program, config, field_sets: list[dict], greedy: bool = True,
                  async_scheduling: bool = False) -> tuple[list, EngineLoop]:
-    """Run requests to completion; each collects its PCM chunks in extra["chunks"]."""
+    """Run requests to completion through the real scheduler and worker; returns them and the loop."""
     loop = EngineLoop(Scheduler(program.meta, program.limits, config.scheduler), ProgramWorker(program),
                       async_scheduling=async_scheduling)
-    reqs = []
-    for i, fields in enumerate(field_sets):
-        req = build_request(program.meta, program.preprocess, fields, f"r{i}", greedy=greedy, seed=i)
-        req.extra["chunks"] = []
-        req.sink = lambda r, pcm, final: pcm and r.extra["chunks"].append(pcm)
-        loop.scheduler.add_request(req)
-        reqs.append(req)
-    loop.run_until_idle()
-    for req in reqs:
-        assert req.error is None, req.error
-    return reqs, loop
+    return orpheus_helpers.run_requests(program, config, field_sets, loop, greedy), loop
 
 
 def case_fields(case: dict, frames: int) -> dict:
