@@ -32,6 +32,22 @@ def resolve_local(name_or_path: str) -> Path | None:
     return None
 
 
+def checkpoint_dir(repo: str, load_format: str) -> Path | None:
+    """The local directory of `repo`, or None for `--load-format dummy` (random weights).
+
+    Raises CheckpointError when real weights are asked for and the checkpoint is not on local disk.
+    """
+    if load_format == "dummy":
+        return None
+    model_dir = resolve_local(repo)
+    if model_dir is None:
+        raise CheckpointError(
+            f"checkpoint {repo!r} is not on local disk (vox-serve never downloads); pass a local "
+            "directory as --model, or --load-format dummy for random weights of the real shapes"
+        )
+    return model_dir
+
+
 def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())

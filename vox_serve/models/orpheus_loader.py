@@ -15,7 +15,14 @@ import torch
 from vox_serve.codecs.snac import SnacConfig, SnacDecoder
 from vox_serve.layers.llama import LlamaConfig, LlamaForCausalLM
 from vox_serve.models.byte_tokenizer import byte_level_tokenizer
-from vox_serve.models.checkpoint import CheckpointError, init_random, iter_safetensors, read_json, resolve_local
+from vox_serve.models.checkpoint import (
+    CheckpointError,
+    checkpoint_dir,
+    init_random,
+    iter_safetensors,
+    read_json,
+    resolve_local,
+)
 from vox_serve.models.orpheus import OrpheusProgram, orpheus_meta
 
 ORPHEUS_3B_ID = "canopylabs/orpheus-3b-0.1-ft"
@@ -67,13 +74,7 @@ def load_orpheus(name: str, load_format: str, device: torch.device, dtype: torch
         lm_cfg_dict, snac_cfg_dict = ORPHEUS_TINY_CONFIG, SNAC_TINY_CONFIG
     else:
         repo = ORPHEUS_3B_ID if name == "orpheus" else name
-        dummy = load_format == "dummy"
-        model_dir = None if dummy else resolve_local(repo)
-        if model_dir is None and not dummy:
-            raise CheckpointError(
-                f"checkpoint {repo!r} is not on local disk (vox-serve never downloads); pass a local "
-                "directory as --model, or --load-format dummy for random weights of the real shapes"
-            )
+        model_dir = checkpoint_dir(repo, load_format)
         lm_cfg_dict = ORPHEUS_3B_CONFIG if model_dir is None else read_json(model_dir / "config.json")
         snac_cfg_dict = SNAC_24KHZ_CONFIG
     lm_cfg = LlamaConfig.from_hf(lm_cfg_dict)

@@ -14,7 +14,13 @@ from typing import Any
 import torch
 
 from vox_serve.codecs.qwen3_codec import Qwen3CodecConfig, Qwen3CodecDecoder
-from vox_serve.models.checkpoint import CheckpointError, init_random, iter_safetensors, read_json, resolve_local
+from vox_serve.models.checkpoint import (
+    CheckpointError,
+    checkpoint_dir,
+    init_random,
+    iter_safetensors,
+    read_json,
+)
 from vox_serve.models.qwen2_tokenizer import load_qwen2_tokenizer, tiny_qwen2_tokenizer
 from vox_serve.models.qwen3_tts import Qwen3TTSProgram, qwen3_tts_meta
 from vox_serve.models.qwen3_tts_layers import CodePredictor, DecoderConfig, Talker
@@ -188,12 +194,7 @@ def load_qwen3_tts(name: str, load_format: str, device: torch.device, dtype: tor
         cfg = QWEN3_TTS_TINY_CONFIG
     else:
         repo = QWEN3_TTS_ID if name == "qwen3-tts" else name
-        dummy = load_format == "dummy"
-        model_dir = None if dummy else resolve_local(repo)
-        if model_dir is None and not dummy:
-            raise CheckpointError(
-                f"checkpoint {repo!r} is not on local disk (vox-serve never downloads); pass a local "
-                "directory as --model, or --load-format dummy for random weights of the real shapes")
+        model_dir = checkpoint_dir(repo, load_format)
         cfg = dummy_config(repo) if model_dir is None else read_json(model_dir / "config.json")
     ids = PromptIds.from_config(cfg)
     if ids.model_type == "base":
