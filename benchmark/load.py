@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import subprocess
 import sys
@@ -102,7 +103,9 @@ def environment() -> dict:
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    return {"command": " ".join(sys.argv), "git_commit": cmd("git", "rev-parse", "HEAD"),
+    # A copy of the tree without .git (the GPU machine's) records the commit given in VOX_GIT_COMMIT.
+    commit = cmd("git", "rev-parse", "--verify", "-q", "HEAD") or os.environ.get("VOX_GIT_COMMIT", "unknown")
+    return {"command": " ".join(sys.argv), "git_commit": commit,
             "gpu": cmd("nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
