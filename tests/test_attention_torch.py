@@ -209,17 +209,7 @@ def test_decode_bucket_is_capped_at_page_table_width() -> None:
 
 
 def test_bfloat16_cache_stays_close_to_reference() -> None:
-    backend = make_attention_backend(
-        "torch",
-        num_layers=2,
-        num_pages=NUM_PAGES,
-        page_size=PAGE_SIZE,
-        num_q_heads=8,
-        num_kv_heads=2,
-        head_dim=HEAD_DIM,
-        dtype=torch.bfloat16,
-        device="cpu",
-    )
+    backend = make_attention_backend("torch", **{**backend_kwargs(), "dtype": torch.bfloat16})
     num_tokens = sum(qo for _, qo in MIXED_SPECS)
     step = make_step(backend, MIXED_SPECS, num_rows=num_tokens)
     out = run(backend, step)

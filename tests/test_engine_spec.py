@@ -47,3 +47,13 @@ def test_arena_fields_do_not_overlap_and_views_alias_the_buffer() -> None:
     arena.upload()
     arena.download()
     assert torch.all(arena["c"] == 0)  # untouched fields stay zero
+
+
+def test_arena_snapshot_is_a_copy_taken_now() -> None:
+    arena = Arena("out", [FieldSpec("tokens", (4, 2), torch.int64), FieldSpec("kind", (4,), torch.int32)],
+                  torch.device("cpu"))
+    arena.host["tokens"][:] = torch.arange(8).view(4, 2)
+    dev, host = arena.snapshot()
+    arena.host["tokens"][:] = -1  # the next launch overwrites the arena
+    assert torch.equal(host["tokens"], torch.arange(8).view(4, 2))
+    assert torch.equal(dev["tokens"], host["tokens"]) and host["kind"].dtype == torch.int32

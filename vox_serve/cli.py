@@ -106,7 +106,7 @@ FLAGS: tuple[Flag, ...] = (
     _f("--bench-text", default=BenchConfig.text, help="text of each bench request"),
     _f("--bench-kwargs", default="{}",
        help='JSON request fields: voice, sampling overrides, max_tokens, ignore_eos, seed'),
-    _f("--bench-audio", default=None, help="reference audio file for bench requests"),
+    _f("--bench-audio", default=None, implemented=False, help="reference audio file for bench requests"),
     _f("--greedy", action="store_true", help="greedy sampling: repeatable output"),
     _f("--trace-dir", default=None,
        help="write JSON lines of every stage launch's device time and every scheduling decision here"),
@@ -224,8 +224,6 @@ def _check_scheduler(kept: dict[str, Any]) -> None:
                  "deadline_codec_ms", "deadline_prefill_ms"):
         if dest in kept and not kept[dest] >= 0:
             raise CliError(f"--{dest.replace('_', '-')} must be >= 0")
-    if kept.get("bench_audio") is not None:
-        raise CliError("--bench-audio is not implemented yet: no served model takes reference audio")
 
 
 def _check_bench_kwargs(text: str) -> None:

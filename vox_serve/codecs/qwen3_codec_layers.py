@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vox_serve.layers.decoder import RMSNorm
+
 
 class StatefulLayer(nn.Module):
     """A layer with per-request streaming state; ``state_id`` is its entry in the ``states`` list."""
@@ -116,20 +118,6 @@ class DecoderBlock(nn.Module):
         for m in self.block:
             x = m(x, states)
         return x
-
-
-class RMSNorm(nn.Module):
-    """Normalised in float32, scaled in the weight's dtype (as the reference)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
 
 
 class LayerScale(nn.Module):

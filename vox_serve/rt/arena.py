@@ -74,6 +74,22 @@ class Arena:
             self._host_buf.copy_(self._dev_buf, non_blocking=True)
             torch.cuda.current_stream(self.device).synchronize()
 
+    def snapshot(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(device, host) field views of a copy of the whole arena, taken now.
+
+        One device-to-device copy and one asynchronous device-to-host copy into pinned memory:
+        later launches may overwrite the arena while the host copy is still in flight. Read the
+        host views once the stream has passed this point (an event recorded after it).
+        """
+        dev = self._dev_buf.clone()
+        if self._host_buf is self._dev_buf:
+            host = dev
+        else:
+            host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=True)
+            host.copy_(dev, non_blocking=True)
+        return ({name: self._view(dev, spec) for name, spec in self.specs.items()},
+                {name: self._view(host, spec) for name, spec in self.specs.items()})
+
     def layout(self) -> dict:
         """JSON-serialisable layout: the buffer addresses and every field's offset, shape, dtype."""
         return {

@@ -163,14 +163,6 @@ class ProgramWorker:
         kinds = samples.host["out_kind"][:n].tolist()
         return [LmOut(r.req_id, tokens[i], codes[i], kinds[i]) for i, r in enumerate(samples.rows) if r.sample]
 
-    def _to_host(self, dev: torch.Tensor) -> torch.Tensor:
-        """An asynchronous copy of a device snapshot into its own (pinned) host tensor."""
-        if not self.on_cuda:
-            return dev
-        host = torch.empty(dev.shape, dtype=dev.dtype, pin_memory=True)
-        host.copy_(dev, non_blocking=True)
-        return host
-
     def _to_device(self, values: list[int]) -> torch.Tensor:
         t = torch.tensor(values, dtype=torch.int64)
         return t.pin_memory().to(self.program.device, non_blocking=True) if self.on_cuda else t
@@ -258,8 +250,9 @@ class ProgramWorker:
         else:
             self._launch("decode", token_bucket)
         n = len(rows)
-        dev = {name: arena_out[name][:n].clone() for name in ("tokens", "codes", "out_kind")}
-        handle.lm[stage] = _Samples(rows, dev, {name: self._to_host(t) for name, t in dev.items()})
+        dev, host = arena_out.snapshot()  # one copy out per launch; the next step may overwrite the arena
+        outs = ("tokens", "codes", "out_kind")
+        handle.lm[stage] = _Samples(rows, {k: dev[k][:n] for k in outs}, {k: host[k][:n] for k in outs})
     def _fill_lm(self, h: dict[str, torch.Tensor], rows: list[LmRow], token_bucket: int, seq_bucket: int) -> None:
         """Write rows into the host arena; pad tokens to token_bucket and sequences to seq_bucket.
 
@@ -340,18 +333,19 @@ class ProgramWorker:
         if n > prog.limits.max_codec_batch:
             raise ValueError(f"{n} codec rows exceed --max-codec-batch {prog.limits.max_codec_batch}")
         bucket = pick_bucket(n, self.codec_buckets)
-        window, cpf = h["codes"].shape[1], h["codes"].shape[2]
-        codes = torch.zeros((bucket, window, cpf), dtype=torch.int64)
-        for i, r in enumerate(rows):
-            frames = r.frames + [r.frames[-1]] * (window - len(r.frames))
-            codes[i] = torch.tensor(frames[:window], dtype=torch.int64)
-        h["codes"][:bucket] = codes
-        h["first_frame"][:bucket] = torch.tensor([r.first_frame for r in rows] + [0] * (bucket - n))
-        h["seed"][:bucket] = torch.tensor([r.seed for r in rows] + [0] * (bucket - n))
-        h["slot"][:bucket] = torch.tensor([r.slot for r in rows] + [NO_SLOT] * (bucket - n))
+        window = h["codes"].shape[1]
+        codes = h["codes"].numpy()
+        codes[n:bucket] = 0
+        # A short final chunk fills its window by repeating its last frame.
+        codes[:n] = [(r.frames + [r.frames[-1]] * (window - len(r.frames)))[:window] for r in rows]
+        for name, get, pad in (("first_frame", lambda r: r.first_frame, 0), ("seed", lambda r: r.seed, 0),
+                               ("slot", lambda r: r.slot, NO_SLOT)):
+            view = h[name].numpy()
+            view[:n] = [get(r) for r in rows]
+            view[n:bucket] = pad
         self._upload("codec_in")
         self._launch("codec", bucket)
-        handle.codec = rows, self._to_host(prog.arenas["codec_out"]["pcm"][:n].clone())
+        handle.codec = rows, prog.arenas["codec_out"].snapshot()[1]["pcm"][:n]
 
 
 def startup_report(program: Program, worker: ProgramWorker) -> str:
