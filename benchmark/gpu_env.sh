@@ -9,3 +9,15 @@ else
 fi
 export PYTHONUNBUFFERED=1
 export VOX_GIT_COMMIT=${VOX_GIT_COMMIT:-unknown}  # the tree copied to a GPU machine has no .git: pass it in
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
+# FlashInfer modules compiled by an earlier call (save_fi_modules below), carried as .fiaot/: loaded
+# as ahead-of-time modules instead of compiling them again (minutes of device time).
+if [ -d .fiaot ] && [ -d /tmp/site/flashinfer ]; then
+  mkdir -p /tmp/site/flashinfer/data/aot && cp -r .fiaot/* /tmp/site/flashinfer/data/aot/
+fi
+save_fi_modules() {  # copy the modules this call compiled to $OUT/fiaot/<name>/<name>.so
+  find "$FLASHINFER_WORKSPACE_BASE" -path '*cached_ops*' -name '*.so' 2>/dev/null | while read -r so; do
+    name=$(basename "$so" .so); mkdir -p "$OUT/fiaot/$name" && cp "$so" "$OUT/fiaot/$name/"
+  done
+  du -sh "$OUT/fiaot" 2>/dev/null
+}

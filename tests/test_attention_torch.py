@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ from vox_serve.rt.attention import (
     AttentionPlan,
     TorchAttentionBackend,
     make_attention_backend,
+    paged_kv_csr,
 )
 
 PAGE_SIZE = 4
@@ -284,3 +286,18 @@ def test_decode_cuda_graph_equals_eager() -> None:
     eager_out = backend.forward(LAYER, q, k, v, step.bufs)
     torch.testing.assert_close(graph_out[:3], eager_out[:3], atol=1e-5, rtol=1e-5)
     assert torch.equal(after_graph[1:], backend.kv_caches[LAYER][1:])
+
+
+def test_paged_kv_csr_lists_each_rows_used_pages_in_order() -> None:
+    table = np.array([[7, 3, 9, 0], [5, 0, 0, 0], [0, 0, 0, 0], [2, 4, 6, 8]], dtype=np.int32)
+    kv_lens = np.array([33, 16, 1, 64], dtype=np.int32)  # pages used: 3, 1, 1 (a padded row), 4
+    indptr, indices, last = np.full(5, -1, np.int32), np.full(16, -1, np.int32), np.full(4, -1, np.int32)
+    n = paged_kv_csr(table, kv_lens, 16, indptr, indices, last)
+    assert n == 9
+    assert indptr.tolist() == [0, 3, 4, 5, 9]
+    assert indices[:n].tolist() == [7, 3, 9, 5, 0, 2, 4, 6, 8]
+    assert last.tolist() == [1, 16, 1, 16]
+    # The same pages as the page table walked per position, which is what the torch backend reads.
+    for row in range(4):
+        positions = np.arange(kv_lens[row])
+        assert set(table[row, positions // 16]) == set(indices[indptr[row] : indptr[row + 1]])

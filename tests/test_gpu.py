@@ -7,13 +7,20 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from vox_serve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, VoxConfig
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.request_builder import build_request
-from vox_serve.rt.attention import AttentionBuffers, AttentionPlan, flashinfer_available, make_attention_backend
+from vox_serve.rt.attention import (
+    AttentionBuffers,
+    AttentionPlan,
+    flashinfer_available,
+    make_attention_backend,
+    paged_kv_csr,
+)
 from vox_serve.rt.engine import build_program
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.worker.program_worker import ProgramWorker
@@ -88,8 +95,12 @@ def test_flashinfer_equals_torch_backend(dtype: torch.dtype) -> None:
         for s, pg in enumerate(pages):
             table[s, : len(pg)] = torch.tensor(pg)
         indptr = torch.tensor([0, *torch.tensor(qo_lens).cumsum(0).tolist()], dtype=torch.int32)
+        kv_indptr = torch.zeros(len(qo_lens) + 1, dtype=torch.int32).pin_memory()
+        kv_indices = torch.zeros(table.numel(), dtype=torch.int32)
+        last = torch.zeros(len(qo_lens), dtype=torch.int32).pin_memory()
+        paged_kv_csr(table.numpy(), np.array(kv_lens), 16, kv_indptr.numpy(), kv_indices.numpy(), last.numpy())
         bufs = AttentionBuffers(table.cuda(), torch.tensor(kv_lens, dtype=torch.int32).cuda(), indptr.cuda(),
-                                torch.tensor(slots).cuda())
+                                torch.tensor(slots).cuda(), kv_indices.cuda(), kv_indptr, last, indptr.pin_memory())
         plan = AttentionPlan(len(qo_lens), qo_lens, kv_lens, pages, len(qo_lens))
         q = torch.randn(t, 24, 128, generator=gen).to(dtype).cuda()
         k = torch.randn(t, 8, 128, generator=gen).to(dtype).cuda()

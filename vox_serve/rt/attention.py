@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -50,12 +51,39 @@ class AttentionPlan:
 
 @dataclass
 class AttentionBuffers:
-    """Static device tensors (views of the step's input arena) at their maximum shapes."""
+    """Static tensors (views of the step's input arena) at their maximum shapes.
+
+    The device views are what stages read. Host planners (FlashInfer) also get the paged KV in CSR
+    form: `kv_indices` on the device and the offsets on the host (pinned views of the same arena,
+    written by the worker before the step's one upload), so planning never copies from pageable
+    memory or waits for the device.
+    """
 
     page_table: Tensor  # [max_batch, max_pages_per_seq] int32: page ids of each sequence in order
     kv_lens: Tensor  # [max_batch] int32
     qo_indptr: Tensor  # [max_batch + 1] int32: token offsets of each sequence in the flattened batch
     slot_mapping: Tensor  # [max_tokens] int64: page * page_size + offset of each new token's K/V
+    kv_indices: Tensor | None = None  # [max_batch * max_pages_per_seq] int32: used pages of every row in order
+    kv_indptr_host: Tensor | None = None  # [max_batch + 1] int32 (host): row i's pages are kv_indices[a:b]
+    kv_last_page_len_host: Tensor | None = None  # [max_batch] int32 (host): entries used in each row's last page
+    qo_indptr_host: Tensor | None = None  # [max_batch + 1] int32 (host)
+
+
+def paged_kv_csr(page_table: np.ndarray, kv_lens: np.ndarray, page_size: int, indptr: np.ndarray,
+                 indices: np.ndarray, last: np.ndarray) -> int:
+    """Fill indptr [R + 1], indices [>= R * P] and last [R] from page_table [R, P] and kv_lens [R].
+
+    Row i uses its first ceil(kv_lens[i] / page_size) pages. Returns the number of indices. Rows
+    padded to a bucket (kv_len 1, page table of zeros) use one entry of the null page.
+    """
+    rows, width = page_table.shape
+    used = (kv_lens.astype(np.int64) + page_size - 1) // page_size
+    indptr[0] = 0
+    np.cumsum(used, out=indptr[1 : rows + 1])
+    flat = page_table[np.arange(width)[None, :] < used[:, None]]  # row-major: each row's pages in order
+    indices[: flat.size] = flat
+    last[:rows] = kv_lens - (used - 1) * page_size
+    return int(flat.size)
 
 
 class AttentionBackend(ABC):

@@ -9,7 +9,6 @@ page. The KV layout is the shared NHD layout, so the PyTorch backend is the refe
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import flashinfer
@@ -46,38 +45,26 @@ class FlashInferAttentionBackend(AttentionBackend):
             )
         return self._decode[rows]
 
-    def _page_arrays(self, plan: AttentionPlan, rows: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Host int32 (indptr [rows+1], indices, last_page_len [rows]); padded rows: one null entry."""
-        if plan.pages is None:
-            raise ValueError("the flashinfer backend needs AttentionPlan.pages")
-        indptr, indices, last = [0], [], []
-        for kv_len, pages in zip(plan.kv_lens, plan.pages, strict=True):
-            used = -(-kv_len // self.page_size)
-            indices.extend(pages[:used])
-            indptr.append(len(indices))
-            last.append(kv_len - (used - 1) * self.page_size)
-        for _ in range(rows - plan.num_seqs):
-            indices.append(NULL_PAGE)
-            indptr.append(len(indices))
-            last.append(1)
-        as_i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
-        return as_i32(indptr), as_i32(indices), as_i32(last)
-
     def plan(self, plan: AttentionPlan, bufs: AttentionBuffers) -> None:
+        """Plan from the CSR views the worker wrote: offsets from pinned host memory (copied
+        asynchronously), page indices already on the device, so nothing here waits for the GPU."""
+        if bufs.kv_indices is None or bufs.kv_indptr_host is None or bufs.kv_last_page_len_host is None:
+            raise ValueError("the flashinfer backend needs the paged-KV CSR buffers (see paged_kv_csr)")
         self._plan = plan
         common = dict(num_kv_heads=self.num_kv_heads, page_size=self.page_size, q_data_type=self.dtype,
                       kv_data_type=self.dtype, sm_scale=self.scale)
+        rows = (plan.num_rows or plan.num_seqs) if plan.is_decode else plan.num_seqs
+        indptr = bufs.kv_indptr_host[: rows + 1]
+        indices = bufs.kv_indices[: int(indptr[rows])]
+        last = bufs.kv_last_page_len_host[:rows]
         if plan.is_decode:
-            rows = plan.num_rows or plan.num_seqs
-            indptr, indices, last = self._page_arrays(plan, rows)
             self._active_decode = self._decode_wrapper(rows, bufs.page_table.shape[1])
             self._active_decode.plan(indptr, indices, last, num_qo_heads=self.num_q_heads,
-                                     head_dim=self.head_dim, **common)
+                                     head_dim=self.head_dim, non_blocking=True, **common)
             return
-        indptr, indices, last = self._page_arrays(plan, plan.num_seqs)
-        qo = torch.tensor([0, *itertools.accumulate(plan.qo_lens)], dtype=torch.int32)
+        qo = bufs.qo_indptr_host[: rows + 1]
         self._prefill.plan(qo, indptr, indices, last, num_qo_heads=self.num_q_heads, head_dim_qk=self.head_dim,
-                           causal=True, **common)
+                           causal=True, non_blocking=True, **common)
 
     def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, bufs: AttentionBuffers) -> Tensor:
         if self._plan is None:

@@ -28,6 +28,9 @@ def lm_input_fields(tokens: int, seqs: int, limits: EngineLimits, columns: int) 
         FieldSpec("qo_indptr", (seqs + 1,), i32),
         FieldSpec("kv_lens", (seqs,), i32),
         FieldSpec("page_table", (seqs, limits.max_pages_per_seq), i32),
+        FieldSpec("kv_indptr", (seqs + 1,), i32),  # the page table in CSR form, for host planners
+        FieldSpec("kv_indices", (seqs * limits.max_pages_per_seq,), i32),
+        FieldSpec("kv_last_page_len", (seqs,), i32),
         FieldSpec("logits_index", (seqs,), i64),
         FieldSpec("temperature", (seqs,), f32),
         FieldSpec("top_k", (seqs,), i64),
@@ -64,7 +67,9 @@ def codec_fields(batch: int, window: int, meta: ProgramMeta, frames_per_chunk: i
 def attention_buffers(arena: Arena) -> AttentionBuffers:
     return AttentionBuffers(
         page_table=arena["page_table"], kv_lens=arena["kv_lens"],
-        qo_indptr=arena["qo_indptr"], slot_mapping=arena["slot_mapping"],
+        qo_indptr=arena["qo_indptr"], slot_mapping=arena["slot_mapping"], kv_indices=arena["kv_indices"],
+        kv_indptr_host=arena.host["kv_indptr"], kv_last_page_len_host=arena.host["kv_last_page_len"],
+        qo_indptr_host=arena.host["qo_indptr"],
     )
 
 

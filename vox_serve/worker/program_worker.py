@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from vox_serve.request import OutKind
-from vox_serve.rt.attention import AttentionPlan
+from vox_serve.rt.attention import AttentionPlan, paged_kv_csr
 from vox_serve.rt.engine import bucket_sizes, pick_bucket
 from vox_serve.rt.graphs import StageGraphs
 from vox_serve.rt.nvtx import nvtx_range
@@ -167,9 +167,9 @@ class ProgramWorker:
         t = torch.tensor(values, dtype=torch.int64)
         return t.pin_memory().to(self.program.device, non_blocking=True) if self.on_cuda else t
 
-    def _upload(self, name: str) -> None:
-        """Upload an input arena; remember when the copy has run so the host may write it again."""
-        self.program.arenas[name].upload()
+    def _mark_uploaded(self, name: str) -> None:
+        """Remember when the copies out of an input arena's host view have run, so the host may
+        write it again (`_host_arena` waits for this point)."""
         if self.on_cuda:
             event = torch.cuda.Event()
             event.record()
@@ -239,12 +239,13 @@ class ProgramWorker:
             token_bucket = seq_bucket = pick_bucket(len(rows), self.decode_buckets)
         arena_in, arena_out = prog.arenas[f"{stage}_in"], prog.arenas[f"{stage}_out"]
         self._fill_lm(self._host_arena(f"{stage}_in"), rows, token_bucket, seq_bucket)
-        self._upload(f"{stage}_in")
+        arena_in.upload()
         if carry is not None:
             self._patch_pending(rows, carry)
         plan = AttentionPlan(len(rows), [r.num_tokens for r in rows], [r.kv_len for r in rows],
                              [r.pages for r in rows], token_bucket if stage == "decode" else None)
         prog.attention.plan(plan, attention_buffers(arena_in))
+        self._mark_uploaded(f"{stage}_in")  # after the plan: planners copy from the host arena too
         if stage == "prefill":
             self._launch("prefill", token_bucket, seq_bucket)
         else:
@@ -295,6 +296,8 @@ class ProgramWorker:
         logits_index = h["logits_index"].numpy()
         logits_index[:seq_bucket] = 0
         logits_index[:n_seq] = indptr[1 : n_seq + 1] - 1
+        paged_kv_csr(table[:seq_bucket], kv[:seq_bucket], page_size, h["kv_indptr"].numpy(),
+                     h["kv_indices"].numpy(), h["kv_last_page_len"].numpy())
         self._fill_sampling(h, rows, seq_bucket - n_seq)
 
     @staticmethod
@@ -343,7 +346,8 @@ class ProgramWorker:
             view = h[name].numpy()
             view[:n] = [get(r) for r in rows]
             view[n:bucket] = pad
-        self._upload("codec_in")
+        prog.arenas["codec_in"].upload()
+        self._mark_uploaded("codec_in")
         self._launch("codec", bucket)
         handle.codec = rows, prog.arenas["codec_out"].snapshot()[1]["pcm"][:n]
 
