@@ -12,12 +12,16 @@ export VOX_GIT_COMMIT=${VOX_GIT_COMMIT:-unknown}  # the tree copied to a GPU mac
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
 # FlashInfer modules compiled by an earlier call (save_fi_modules below), carried as .fiaot/: loaded
 # as ahead-of-time modules instead of compiling them again (minutes of device time).
-if [ -d .fiaot ] && [ -d /tmp/site/flashinfer ]; then
-  mkdir -p /tmp/site/flashinfer/data/aot && cp -r .fiaot/* /tmp/site/flashinfer/data/aot/
+if [ -f .fiaot.tgz ] && [ -d /tmp/site/flashinfer ]; then
+  mkdir -p /tmp/site/flashinfer/data/aot && tar xzf .fiaot.tgz -C /tmp/site/flashinfer/data/aot
 fi
-save_fi_modules() {  # copy the modules this call compiled to $OUT/fiaot/<name>/<name>.so
+save_fi_modules() {  # pack the modules this call compiled as $OUT/fiaot.tgz (<name>/<name>.so each)
+  local dir=/tmp/fiaot; rm -rf "$dir"; mkdir -p "$dir"
   find "$FLASHINFER_WORKSPACE_BASE" -path '*cached_ops*' -name '*.so' 2>/dev/null | while read -r so; do
-    name=$(basename "$so" .so); mkdir -p "$OUT/fiaot/$name" && cp "$so" "$OUT/fiaot/$name/"
+    name=$(basename "$so" .so); mkdir -p "$dir/$name" && cp "$so" "$dir/$name/"
   done
-  du -sh "$OUT/fiaot" 2>/dev/null
+  [ -n "$(ls "$dir")" ] && tar czf "$OUT/fiaot.tgz" -C "$dir" . && ls -la "$OUT/fiaot.tgz"
+}
+pack_out() {  # many files do not come back from the device machine: pack directories into one archive
+  (cd "$OUT" && tar czf runs.tgz --remove-files "$@" 2>/dev/null; ls -la runs.tgz)
 }
