@@ -7,8 +7,11 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 N=${N:-256}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "not orpheus_3b" 2>&1 \
+[ "${TESTS:-1}" = 1 ] && timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "not orpheus_3b" 2>&1 \
   | tee "$OUT/gpu_tests.log" | tail -4
+[ "${STAGES:-0}" = 1 ] && timeout 300 python3 benchmark/profile_stages.py --model orpheus --load-format dummy --device cuda \
+  --max-model-len 1152 --max-batch-size 256 --max-codec-batch 256 2>&1 | grep -vE "USDT|profiler_st|warn" | cut -c1-140 > "$OUT/stages.txt"
+grep -E "graph .* eager|device total" "$OUT/stages.txt" 2>/dev/null
 save_fi_modules
 B=(python3 -m vox_serve.launch --model orpheus --load-format dummy --device cuda --max-model-len 1152)
 bench() {  # name requests max_tokens extra...
@@ -21,11 +24,16 @@ bench() {  # name requests max_tokens extra...
   grep -iE "error|Traceback" "$OUT/bench_$name.err" | tail -3
   python3 benchmark/trace_summary.py "$OUT/trace_$name" --json "$OUT/summary_$name.json"
 }
-bench single_sync 1 1024
-bench single_async 1 1024 --async-scheduling
-bench "n${N}_sync" "$N" 512
-bench "n${N}_async" "$N" 512 --async-scheduling
-for extra in ${EXTRA_RUNS:-}; do bench "$extra" "$N" 512 --async-scheduling "--${extra}"; done
+RUNS=${RUNS:-single_sync single_async n_sync n_async profile}
+for run in $RUNS; do
+  case $run in
+    single_sync) bench single_sync 1 1024 ;;
+    single_async) bench single_async 1 1024 --async-scheduling ;;
+    n_sync) bench "n${N}_sync" "$N" 512 ;;
+    n_async) bench "n${N}_async" "$N" 512 --async-scheduling ;;
+  esac
+done
+case " $RUNS " in *" profile "*) ;; *) exit 0 ;; esac
 timeout 150 python3 -m cProfile -o "$OUT/host_n${N}_async.prof" -m vox_serve.launch --model orpheus --load-format dummy \
   --device cuda --max-model-len 1152 --bench-requests "$N" --max-batch-size "$N" --max-codec-batch "$N" --async-scheduling \
   --bench-kwargs '{"max_tokens": 256, "ignore_eos": true}' > /dev/null 2>&1

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vox_serve.layers.decoder import RMSNorm
+from vox_serve.rt import triton_ops
 
 
 class StatefulLayer(nn.Module):
@@ -77,6 +78,8 @@ class SnakeBeta(nn.Module):
     def forward(self, x: Tensor, states: list[Tensor] | None = None) -> Tensor:  # [B, C, T]
         alpha = self.alpha.exp()[None, :, None]
         inv_beta = 1.0 / (self.beta.exp()[None, :, None] + 1e-9)
+        if triton_ops.enabled(x):
+            return triton_ops.snake(x, alpha, inv_beta)
         return x + inv_beta * torch.sin(x * alpha).pow(2)
 
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vox_serve.codecs.weight_norm import fuse_weight_norm
+from vox_serve.rt import triton_ops
 from vox_serve.rt.kernels import hash_normal
 
 
@@ -93,7 +94,10 @@ class _Snake(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, dim, 1))
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
+        scale = (self.alpha + 1e-9).reciprocal()
+        if triton_ops.enabled(x):
+            return triton_ops.snake(x, self.alpha, scale)
+        return x + scale * torch.sin(self.alpha * x).pow(2)
 
 
 class _ResUnit(nn.Module):

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from vox_serve.rt import triton_ops
+
 
 def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
     """Normalise `rope_theta` + `rope_scaling` (transformers 4.x) and `rope_parameters` (5.x).
@@ -61,6 +63,8 @@ class RotaryEmbedding(torch.nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q [T, Hq, D], k [T, Hk, D], positions [T] -> rotated (q, k) in the input dtype."""
+        if triton_ops.enabled(q):
+            return triton_ops.rope(q, self.cos, self.sin, positions), triton_ops.rope(k, self.cos, self.sin, positions)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)

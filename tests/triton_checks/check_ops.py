@@ -1,0 +1,44 @@
+"""Run under TRITON_INTERPRET=1 (tests/test_triton_ops.py): the fused kernels against their references."""
+
+import sys
+
+import torch
+
+from vox_serve.layers.rope import RotaryEmbedding
+from vox_serve.rt import kernels, triton_ops
+
+
+def check_hash() -> None:
+    seed = torch.tensor([0, 1, -5, 2**40 + 3, -(2**50)], dtype=torch.int64)
+    offset = torch.tensor([0, 7, 2**33, -1, 12345], dtype=torch.int64)
+    for n, salt in ((1, kernels._SALT_NORMAL_RADIUS), (37, kernels._SALT_UNIFORM), (4097, kernels._SALT_NORMAL_ANGLE)):
+        ref = kernels._bits_to_uniform(kernels._hash_bits(seed, offset, n, salt))
+        got = triton_ops.hash_uniform(seed, offset, n, salt)
+        assert torch.equal(ref, got), (n, (ref - got).abs().max())
+
+
+def check_snake() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 700, generator=gen) * 3
+    alpha = torch.rand(1, 3, 1, generator=gen) + 0.2
+    scale = (alpha + 1e-9).reciprocal()
+    ref = x + scale * torch.sin(alpha * x).pow(2)
+    assert (triton_ops.snake(x, alpha, scale) - ref).abs().max() < 1e-5
+    got16 = triton_ops.snake(x.bfloat16(), alpha, scale)
+    assert got16.dtype == torch.bfloat16 and (got16.float() - ref).abs().max() < 0.1
+
+
+def check_rope() -> None:
+    gen = torch.Generator().manual_seed(1)
+    rope = RotaryEmbedding(16, 64, {"rope_type": "default", "rope_theta": 10000.0})
+    qkv = torch.randn(5, (4 + 2 + 2) * 16, generator=gen)
+    q, k = qkv[:, :64].view(5, 4, 16), qkv[:, 64:96].view(5, 2, 16)  # strided views, as the layers pass them
+    positions = torch.tensor([0, 3, 9, 63, 1])
+    ref_q, ref_k = rope(q, k, positions)
+    assert (triton_ops.rope(q, rope.cos, rope.sin, positions) - ref_q).abs().max() < 1e-5
+    assert (triton_ops.rope(k, rope.cos, rope.sin, positions) - ref_k).abs().max() < 1e-5
+
+
+if __name__ == "__main__":
+    globals()[f"check_{sys.argv[1]}"]()
+    print("ok")
