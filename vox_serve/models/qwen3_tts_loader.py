@@ -76,6 +76,16 @@ QWEN3_TTS_TINY_CONFIG: dict[str, Any] = {
         },
     },
 }
+# The Base model: no named speakers; an ECAPA speaker encoder whose embedding is as wide as the talker.
+QWEN3_TTS_TINY_BASE_CONFIG: dict[str, Any] = {
+    **QWEN3_TTS_TINY_CONFIG, "tts_model_type": "base",
+    "talker_config": {**QWEN3_TTS_TINY_CONFIG["talker_config"], "spk_id": {}, "spk_is_dialect": {}},
+    "speaker_encoder_config": {
+        "mel_dim": 128, "enc_dim": 64, "enc_channels": [32, 32, 32, 32, 96], "enc_kernel_sizes": [5, 3, 3, 3, 1],
+        "enc_dilations": [1, 2, 3, 4, 1], "enc_attention_channels": 16, "enc_res2net_scale": 4,
+        "enc_se_channels": 16, "sample_rate": 24000,
+    },
+}
 # A tiny 12 Hz codec of the real frame geometry (1920 samples) for the tiny program.
 TINY_CODEC_CONFIG: dict[str, Any] = {
     "decoder_config": {
