@@ -1,15 +1,15 @@
 """Reference side of the Qwen3-TTS Base (voice cloning) equivalence tests; run with the reference venv's python
 (it needs librosa: the reference computes the speaker encoder's mel filterbank with it).
 
-usage:
-  clone_ref.py clone CASES_JSON OUT_DIR    greedy `generate_voice_clone` per case (non_streaming_mode=True)
-  clone_ref.py prompt CKPT AUDIO_JSON OUT   `create_voice_clone_prompt` per audio file: speaker embedding
-                                           and reference codes (the 12 Hz codec's `encode`)
+usage: clone_ref.py clone CASES_JSON OUT_DIR
+
+Per case: `create_voice_clone_prompt` (the speaker encoder, and for in-context cloning the 12 Hz codec's
+`encode`), then a greedy `generate_voice_clone` with that prompt (non_streaming_mode=True).
 
 A case names its checkpoint ("ckpt", a Base checkpoint written by talker_ref.py build), the text, the
 language, the reference audio ("ref_audio", a WAV file read as the reference's own loader does), its
 transcript ("ref_text") and "x_vector_only_mode". Per case it records the talker's prompt embeddings, the
-generated codes [frames, groups], the reference codes and the speaker embedding.
+generated codes [frames, groups], the reference codes (in-context cases) and the speaker embedding.
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ def clone(cases_path: str, out_dir: str) -> None:
                 do_sample=False, subtalker_dosample=False, max_new_tokens=case["max_new_tokens"],
                 repetition_penalty=case.get("repetition_penalty", 1.05))
         call = recorder.calls[-1]
+        ref_len = 0 if items[0].ref_code is None else len(items[0].ref_code)  # decoded ahead of the new frames
         tensors[f"{i}.embeds"] = call["embeds"][0].contiguous()
-        tensors[f"{i}.codes"] = call["codes"][0].contiguous()
+        tensors[f"{i}.codes"] = call["codes"][0][ref_len:].contiguous()
         tensors[f"{i}.speaker"] = items[0].ref_spk_embedding.float().contiguous()
         if items[0].ref_code is not None:
             tensors[f"{i}.ref_codes"] = items[0].ref_code.contiguous()
@@ -71,26 +72,11 @@ def clone(cases_path: str, out_dir: str) -> None:
     print(json.dumps({"cases": len(cases)}))
 
 
-def prompt(ckpt: str, audio_list_path: str, out_path: str) -> None:
-    from safetensors.torch import save_file
-
-    with open(audio_list_path) as f:
-        paths = json.load(f)
-    tts, _ = load(ckpt, {})
-    tensors = {}
-    for i, path in enumerate(paths):
-        (item,) = tts.create_voice_clone_prompt(ref_audio=read_wav(path), ref_text="unused", x_vector_only_mode=False)
-        tensors[f"{i}.speaker"] = item.ref_spk_embedding.float().contiguous()
-        tensors[f"{i}.ref_codes"] = item.ref_code.contiguous()
-    save_file(tensors, out_path)
-    print(json.dumps({"audios": len(paths)}))
-
-
 def main() -> None:
     torch.set_num_threads(1)
     stub_audio_io()
     command, args = sys.argv[1], sys.argv[2:]
-    {"clone": clone, "prompt": prompt}[command](*args)
+    {"clone": clone}[command](*args)
 
 
 if __name__ == "__main__":
