@@ -8,7 +8,9 @@ Runs in `preprocess`, once per request, off the per-step path. The request uploa
 `x_vector_only_mode` picks the mode explicitly, as in the reference (which defaults to ICL); without it
 the mode follows from whether `ref_text` is given. Audio at another rate is resampled to the codec's
 24 kHz (the reference uses librosa's resampler; ours is a windowed sinc, so only 24 kHz uploads give
-bit-identical prompts).
+bit-identical prompts). The reference decodes an in-context clone's audio after the reference frames and
+cuts their audio off; we stream it from a fresh codec state (the codes are the same, the first moments
+of audio can differ).
 """
 
 from __future__ import annotations
