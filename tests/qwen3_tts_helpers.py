@@ -29,15 +29,16 @@ REF_PYTHON = Path(os.environ.get("QWEN_REF_PYTHON", ROOT / ".venv-qwen" / "bin" 
 REF_SCRIPT = Path(__file__).parent / "qwen_ref" / "talker_ref.py"
 
 
-def require_reference() -> Path:
-    """The reference interpreter, or skip (fail with VOX_REQUIRE_QWEN_REF=1) saying why it is missing."""
+def require_reference(package: str = "qwen_tts") -> Path:
+    """The reference interpreter, or skip (fail with VOX_REQUIRE_QWEN_REF=1) saying why it is missing.
+    `package`: what the test needs there besides qwen_tts (the Base model's reference needs librosa)."""
     why = None
     if not REF_PYTHON.exists():
         why = f"{REF_PYTHON} does not exist (run scripts/setup_qwen_reference.sh)"
     else:
-        probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('qwen_tts') is None)"
+        probe = f"import importlib.util as u, sys; sys.exit(not all(u.find_spec(p) for p in ('qwen_tts', '{package}')))"
         if subprocess.run([str(REF_PYTHON), "-c", probe], capture_output=True, timeout=120).returncode != 0:
-            why = f"{REF_PYTHON} has no qwen_tts package (run scripts/setup_qwen_reference.sh)"
+            why = f"{REF_PYTHON} lacks qwen_tts or {package} (run scripts/setup_qwen_reference.sh)"
     if why is not None:
         if os.environ.get("VOX_REQUIRE_QWEN_REF") == "1":
             pytest.fail(f"Qwen3-TTS reference required but unavailable: {why}")
@@ -45,8 +46,8 @@ def require_reference() -> Path:
     return REF_PYTHON
 
 
-def run_reference(*args: str | Path, timeout: int = 900) -> None:
-    proc = subprocess.run([str(require_reference()), str(REF_SCRIPT), *map(str, args)], capture_output=True,
+def run_reference(*args: str | Path, timeout: int = 900, script: Path = REF_SCRIPT) -> None:
+    proc = subprocess.run([str(require_reference()), str(script), *map(str, args)], capture_output=True,
                           text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"reference {args[0]} failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")

@@ -70,6 +70,14 @@ class RequestStats:
     last_decode: float | None = None  # when the request last had a token row in a step (starvation guard)
 
 
+@dataclass(frozen=True)
+class EmbeddedPrompt:
+    """A prompt whose positions carry vectors besides their ids (what `preprocess` returns for a voice clone)."""
+
+    ids: list[list[int]]  # [prompt_len][input_columns]
+    embeds: dict[int, list[float]]  # prompt position -> vector added to that position's input embedding
+
+
 AudioSink = Callable[["Request", bytes | None, bool], None]
 """Called with (request, pcm16 bytes or None, is_final) for every chunk and once at the end."""
 
@@ -85,6 +93,8 @@ class Request:
     req_id: str
     prompt_ids: list[list[int]]  # [prompt_len][input_columns]
     sampling: SamplingParams
+    # prompt position -> a vector added to its input embedding (meta.prompt_embed_dim wide)
+    prompt_embeds: dict[int, list[float]] = field(default_factory=dict)
     streaming: bool = True
     sink: AudioSink | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vox_serve.request import Request, SamplingParams
+from vox_serve.request import EmbeddedPrompt, Request, SamplingParams
 from vox_serve.rt.meta import ProgramMeta
 
 _NUMERIC = {
     "temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
     "top_k": int, "max_tokens": int, "seed": int,
 }
-_BOOL = ("ignore_eos", "streaming")
+_BOOL = ("ignore_eos", "streaming", "x_vector_only_mode")
+AUDIO = "audio"  # reference audio: the uploaded file's bytes
 _ALIASES = {"speaker": "voice"}
 
 
@@ -40,6 +41,9 @@ def normalise_fields(meta: ProgramMeta, fields: dict[str, Any], require_text: bo
             value = _number(key, value, _NUMERIC[key])
         elif key in _BOOL and not isinstance(value, bool):
             raise FieldError(key, "must be a boolean")
+        elif key == AUDIO:
+            if not isinstance(value, bytes | bytearray) or not value:
+                raise FieldError(key, "must be a non-empty audio file upload")
         elif key not in _NUMERIC and key not in _BOOL and not isinstance(value, str):
             raise FieldError(key, "must be a string")
         out[key] = value
@@ -78,9 +82,10 @@ def sampling_params(meta: ProgramMeta, fields: dict[str, Any], greedy: bool, see
     return params
 
 
-def build_request(meta: ProgramMeta, preprocess: Callable[[dict[str, Any]], list[list[int]]],
+def build_request(meta: ProgramMeta, preprocess: Callable[[dict[str, Any]], list[list[int]] | EmbeddedPrompt],
                   fields: dict[str, Any], req_id: str, greedy: bool = False, seed: int = 0) -> Request:
-    """Validate fields and build the Request (prompt ids from the program's prompt builder)."""
+    """Validate fields and build the Request (prompt ids, and any prompt vectors, from the program's prompt
+    builder)."""
     clean = normalise_fields(meta, fields)
     sampling = sampling_params(meta, clean, greedy, seed)
     try:
@@ -90,5 +95,6 @@ def build_request(meta: ProgramMeta, preprocess: Callable[[dict[str, Any]], list
     except ValueError as exc:  # prompt builders name the field first: "voice 'x' is not one of ..."
         first = str(exc).split(" ", 1)[0].rstrip(":")
         raise FieldError(first if first in clean else "text", str(exc)) from exc
-    return Request(req_id=req_id, prompt_ids=prompt, sampling=sampling, streaming=clean.get("streaming", True),
-                   extra={"fields": clean})
+    ids, embeds = (prompt.ids, prompt.embeds) if isinstance(prompt, EmbeddedPrompt) else (prompt, {})
+    return Request(req_id=req_id, prompt_ids=ids, sampling=sampling, streaming=clean.get("streaming", True),
+                   prompt_embeds=embeds, extra={"fields": clean})

@@ -28,7 +28,7 @@ import zmq
 from vox_serve import ipc
 from vox_serve.config import VoxConfig
 from vox_serve.engine_loop import EngineLoop
-from vox_serve.request import Request, RequestStatus
+from vox_serve.request import EmbeddedPrompt, Request, RequestStatus
 from vox_serve.request_builder import FieldError, build_request
 from vox_serve.scheduler.base import QueueFull
 
@@ -36,7 +36,7 @@ log = logging.getLogger("vox_serve.scheduler_entry")
 
 IDLE_POLL_S = 0.05  # longest wait for a message while nothing runs
 STATS_INTERVAL_S = 0.2
-Preprocess = Callable[[dict[str, Any]], list[list[int]]]
+Preprocess = Callable[[dict[str, Any]], list[list[int]] | EmbeddedPrompt]
 
 
 @dataclass

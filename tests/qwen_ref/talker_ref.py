@@ -87,20 +87,47 @@ def perturb(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             elif "embedding" in name:
                 p.copy_(torch.randn(p.shape, generator=g))
+            else:  # linear and conv weights (the Base model's speaker encoder): std 1/sqrt(fan in)
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
+
+
+def perturb_codec_encoder(encoder: torch.nn.Module, seed: int) -> None:
+    """Scale-preserving random weights for the 12 Hz codec's Mimi encoder: random codebooks (the reference
+    initialises them to zeros, which would make every code 0) and layer scales well away from 0."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in encoder.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf == "scale":
+                p.copy_(0.2 + 0.4 * torch.rand(p.shape, generator=g))
+            elif "norm" in name:
+                p.copy_((0.8 + 0.4 * torch.rand(p.shape, generator=g)) if leaf == "weight"
+                        else 0.1 * torch.randn(p.shape, generator=g))
+            elif leaf == "bias":
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
             else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
+        for name, b in encoder.named_buffers():
+            if name.endswith("embed_sum"):
+                b.copy_(torch.randn(b.shape, generator=g))
+            elif name.endswith("cluster_usage"):
+                b.copy_(0.5 + 1.5 * torch.rand(b.shape, generator=g))
 
 
 def tiny_speech_tokenizer(decoder: dict, path: str) -> None:
     from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
     from transformers import EncodecFeatureExtractor
 
-    encoder = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+    encoder = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
                "head_dim": 8, "intermediate_size": 32, "num_filters": 4, "codebook_size": 2048,
-               "codebook_dim": 16, "num_quantizers": decoder["num_quantizers"], "num_semantic_quantizers": 1,
-               "upsample_groups": 16}
+               "codebook_dim": 8, "vector_quantization_hidden_dimension": 8,
+               "num_quantizers": 2 * decoder["num_quantizers"], "num_semantic_quantizers": 1, "upsample_groups": 16}
     torch.manual_seed(0)
-    model = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(encoder_config=encoder, decoder_config=decoder))
+    # The encoder holds more quantizers than the talker's code groups, as the released one does (32 vs 16):
+    # `encoder_valid_num_quantizers` keeps the first ones.
+    model = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(
+        encoder_config=encoder, decoder_config=decoder, encoder_valid_num_quantizers=decoder["num_quantizers"]))
+    perturb_codec_encoder(model.encoder, 11)
     model.save_pretrained(path)
     EncodecFeatureExtractor(feature_size=1, sampling_rate=24000).save_pretrained(path)
 
@@ -160,7 +187,7 @@ class Recorder:
 
         model.generate = generate
         model.talker.generate = talker
-        model.speech_tokenizer = types.SimpleNamespace(decode=decode)
+        model.speech_tokenizer.decode = decode  # its encode stays: the Base model encodes reference audio
 
 
 def generate(cases_path: str, out_dir: str) -> None:

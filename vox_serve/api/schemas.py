@@ -30,7 +30,10 @@ REQUEST_FIELDS: dict[str, FieldDoc] = {
     "voice": FieldDoc("string", "Voice name (GET /info lists the model's voices). Alias: `speaker`."),
     "language": FieldDoc("string", "Language of the text (GET /info lists the model's languages)."),
     "instruct": FieldDoc("string", "A style instruction, for models that take one."),
-    "ref_text": FieldDoc("string", "Transcript of the reference audio."),
+    "ref_text": FieldDoc("string", "Transcript of the reference audio: with it a voice clone continues the "
+                         "reference (in-context cloning); without it only the speaker embedding is used."),
+    "x_vector_only_mode": FieldDoc("boolean", "Voice cloning from the reference audio's speaker embedding only, "
+                                   "ignoring `ref_text` (default: true when `ref_text` is absent)."),
     "temperature": FieldDoc("number", "Sampling temperature; 0 is greedy.", {"minimum": 0, "maximum": 10}),
     "top_p": FieldDoc("number", "Nucleus sampling mass.", {"exclusiveMinimum": 0, "maximum": 1}),
     "top_k": FieldDoc("integer", "Sample among the k most likely tokens; 0 disables.", {"minimum": 0}),

@@ -1,4 +1,4 @@
-"""The Qwen3-TTS program (CustomVoice, VoiceDesign): talker + code predictor, and the 12 Hz codec.
+"""The Qwen3-TTS program (CustomVoice, VoiceDesign, Base): talker + code predictor, and the 12 Hz codec.
 
 Arena input layout (`input_ids [T, G + 1]`, G = code groups, 16 in the released models; -1 = absent):
   columns 0..G-1  code groups 0..G-1 of the position: a prompt position uses column 0 only (the
@@ -6,7 +6,9 @@ Arena input layout (`input_ids [T, G + 1]`, G = code groups, 16 in the released 
                   fills all G (the worker writes a sampled `tokens` row into the leading columns).
   column G        the text id (Qwen2 vocabulary); absent on generated frames, which means tts_pad.
 The input embedding of a position is text_projection(text_embedding(text)) + sum of the present
-code embeddings, as the reference builds its prompt and decode inputs.
+code embeddings, as the reference builds its prompt and decode inputs. Base (voice clone) prompts also
+carry the speaker embedding of the reference audio, added at the speaker position through the prefill
+arena's `embed_rows` / `embeds` fields (see `qwen3_tts_clone.py`: the encoders run in `preprocess`).
 
 One LM step (prefill or decode) ends with whole frames: the talker samples group 0 over the codec
 vocabulary with the control ids 2048..3071 suppressed except EOS (allowed once the row may stop and
@@ -32,9 +34,10 @@ from typing import Any
 import torch
 
 from vox_serve.codecs.qwen3_codec import Qwen3CodecDecoder, Qwen3CodecSlots
+from vox_serve.models.qwen3_tts_clone import CLONE_FIELDS, VoiceCloner
 from vox_serve.models.qwen3_tts_layers import CodePredictor, Talker
 from vox_serve.models.qwen3_tts_prompt import PromptIds, build_prompt
-from vox_serve.request import OutKind
+from vox_serve.request import EmbeddedPrompt, OutKind
 from vox_serve.rt import kernels
 from vox_serve.rt.arena import Arena
 from vox_serve.rt.meta import EngineLimits, ProgramMeta
@@ -45,21 +48,24 @@ MIN_FRAMES_BEFORE_STOP = 2
 NUM_CONTROL_IDS = 1024  # the top of the codec vocabulary: control, language and speaker ids
 DEFAULT_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.05,
                     "repetition_window": 256, "max_tokens": 2048}
-ACCEPTED_FIELDS = ("text", "voice", "language", "instruct", "temperature", "top_p", "top_k", "min_p",
-                   "repetition_penalty", "max_tokens", "seed", "ignore_eos", "streaming")
+COMMON_FIELDS = ("text", "language", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens",
+                 "seed", "ignore_eos", "streaming")
 
 
-def qwen3_tts_meta(name: str, ids: PromptIds, max_model_len: int, sample_rate: int = 24000,
+def qwen3_tts_meta(name: str, ids: PromptIds, max_model_len: int, hidden_size: int, sample_rate: int = 24000,
                    samples_per_frame: int = SAMPLES_PER_FRAME) -> ProgramMeta:
     g = ids.num_code_groups
     voices = tuple(ids.speakers) if ids.takes_speaker else ()
+    clones = ids.model_type == "base"
+    accepted = COMMON_FIELDS + (CLONE_FIELDS if clones else ("voice", "instruct"))
     return ProgramMeta(
         name=name, sample_rate=sample_rate, input_columns=g + 1, codes_per_step=g, codes_per_frame=g,
         samples_per_frame=samples_per_frame, frames_per_chunk=10, codec_lookback_frames=0,
         codec_lookahead_frames=0, skip_leading_frames=0, max_model_len=max_model_len, max_text_chars=4000,
         stop_rule=f"group-0 code {ids.codec_eos} (from the third frame on)",
-        default_sampling=dict(DEFAULT_SAMPLING), accepted_fields=ACCEPTED_FIELDS, voices=voices,
+        default_sampling=dict(DEFAULT_SAMPLING), accepted_fields=accepted, voices=voices,
         default_voice=voices[0] if voices else None, languages=ids.supported_languages, stateful_codec=True,
+        prompt_embed_dim=hidden_size if clones else 0,
         extra={"model_type": ids.model_type, "takes_instruct": ids.takes_instruct,
                "input_layout": f"columns 0..{g - 1}: code groups (-1 absent); column {g}: text id (-1: tts_pad)"},
     )
@@ -67,9 +73,13 @@ def qwen3_tts_meta(name: str, ids: PromptIds, max_model_len: int, sample_rate: i
 
 class Qwen3TTSProgram(Program):
     def __init__(self, talker: Talker, predictor: CodePredictor, codec: Qwen3CodecDecoder, tokenizer: Any,
-                 ids: PromptIds, meta: ProgramMeta, device: torch.device, dtype: torch.dtype) -> None:
+                 ids: PromptIds, meta: ProgramMeta, device: torch.device, dtype: torch.dtype,
+                 cloner: VoiceCloner | None = None) -> None:
         super().__init__(device, dtype)
+        if (cloner is None) != (ids.model_type != "base"):
+            raise ValueError("a Qwen3-TTS Base program needs the voice-clone encoders, other variants none")
         self.talker, self.predictor, self.codec_decoder, self.tokenizer = talker, predictor, codec, tokenizer
+        self.cloner = cloner
         self.codec_slots: Qwen3CodecSlots | None = None  # streaming state pools, sized in setup_arenas
         self.scratch_slot = 0
         self.ids, self.meta = ids, meta
@@ -90,7 +100,9 @@ class Qwen3TTSProgram(Program):
         self.codec_slots = Qwen3CodecSlots(self.codec_decoder, limits.codec_slots + 1)
 
     # ---- prompts -------------------------------------------------------------------------
-    def preprocess(self, fields: dict[str, Any]) -> list[list[int]]:
+    def preprocess(self, fields: dict[str, Any]) -> list[list[int]] | EmbeddedPrompt:
+        if self.cloner is not None:
+            return self.cloner.prompt(self.tokenizer, self.ids, fields)
         voice = fields.get("voice") or self.meta.default_voice
         return build_prompt(self.tokenizer, self.ids, fields["text"], voice, fields.get("language"),
                             fields.get("instruct"))
@@ -108,7 +120,10 @@ class Qwen3TTSProgram(Program):
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return self.attention.forward(layer, q, k, v, bufs)
 
-        hidden = self.talker(a["input_ids"][:num_tokens], a["positions"][:num_tokens], attend, self.ids.tts_pad)
+        # Prompt vectors (Base prefill only): unused entries add zeros to token 0.
+        added = (a["embed_rows"], a["embeds"]) if "embeds" in a.specs else None
+        hidden = self.talker(a["input_ids"][:num_tokens], a["positions"][:num_tokens], attend, self.ids.tts_pad,
+                             added)
         last = hidden[a["logits_index"][:n]]  # [n, hidden]
         first = self._sample_group0(last, a, n)
         frame = self._sample_rest(last, first, a, n)
@@ -161,4 +176,5 @@ class Qwen3TTSProgram(Program):
 
     def weights_bytes(self) -> int:
         modules = (self.talker, self.predictor, self.codec_decoder)
-        return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+        encoders = self.cloner.weights_bytes() if self.cloner is not None else 0
+        return encoders + sum(p.numel() * p.element_size() for m in modules for p in m.parameters())

@@ -105,9 +105,14 @@ class Talker(nn.Module):
         emb = F.embedding(codes.clamp(min=0) + self.table_offsets, self.codec_tables)  # [T, G, hidden]
         return x + torch.where(present, emb, 0.0).sum(dim=1)
 
-    def forward(self, ids: Tensor, positions: Tensor, attend: Attend, tts_pad_id: int) -> Tensor:
-        """ids [T, G + 1], positions [T] -> final hidden states [T, hidden]."""
+    def forward(self, ids: Tensor, positions: Tensor, attend: Attend, tts_pad_id: int,
+                added: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """ids [T, G + 1], positions [T] -> final hidden states [T, hidden]. `added` = (rows [E], vectors
+        [E, hidden]): vectors summed into those positions' input embeddings (a speaker embedding)."""
         x = self.embed(ids, tts_pad_id)
+        if added is not None:
+            rows, vectors = added
+            x = x.index_add(0, rows, vectors.to(x.dtype))
         for layer in self.layers:
             x = layer(x, positions, self.rope, attend)
         return self.norm(x)

@@ -1,8 +1,10 @@
 """Building the Qwen3-TTS program: the 1.7B and tiny configurations, checkpoint loading, dummy weights.
 
 A checkpoint directory is the published layout: `config.json` (a `qwen3_tts` config with its
-`talker_config`), `model.safetensors`, the Qwen2 tokenizer files, and `speech_tokenizer/` (the 12 Hz
-codec; `--codec-path` overrides it). Nothing is downloaded.
+`talker_config`, and for Base its `speaker_encoder_config`), `model.safetensors` (Base: with the
+`speaker_encoder.*` weights), the Qwen2 tokenizer files, and `speech_tokenizer/` (the 12 Hz codec:
+decoder, and the encoder Base uses for reference audio; `--codec-path` overrides it). Nothing is
+downloaded.
 """
 
 from __future__ import annotations
@@ -23,10 +25,17 @@ from vox_serve.models.checkpoint import (
 )
 from vox_serve.models.qwen2_tokenizer import load_qwen2_tokenizer, tiny_qwen2_tokenizer
 from vox_serve.models.qwen3_tts import Qwen3TTSProgram, qwen3_tts_meta
+from vox_serve.models.qwen3_tts_clone import load_cloner
 from vox_serve.models.qwen3_tts_layers import CodePredictor, DecoderConfig, Talker
 from vox_serve.models.qwen3_tts_prompt import PromptIds
 
 QWEN3_TTS_ID = "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice"
+# Registry short names of the published checkpoints.
+QWEN3_TTS_IDS = {
+    "qwen3-tts": QWEN3_TTS_ID, "qwen3-tts-base": "Qwen/Qwen3-TTS-12Hz-1.7B-Base",
+    "qwen3-tts-voice-design": "Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign",
+    "qwen3-tts-0.6b": "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice", "qwen3-tts-base-0.6b": "Qwen/Qwen3-TTS-12Hz-0.6B-Base",
+}
 
 _PREDICTOR = {
     "vocab_size": 2048, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 5,
@@ -76,14 +85,34 @@ QWEN3_TTS_TINY_CONFIG: dict[str, Any] = {
         },
     },
 }
-# A tiny 12 Hz codec of the real frame geometry (1920 samples) for the tiny program.
+# The Base model: no named speakers; an ECAPA speaker encoder whose embedding is as wide as the talker.
+QWEN3_TTS_TINY_BASE_CONFIG: dict[str, Any] = {
+    **QWEN3_TTS_TINY_CONFIG, "tts_model_type": "base",
+    "talker_config": {**QWEN3_TTS_TINY_CONFIG["talker_config"], "spk_id": {}, "spk_is_dialect": {}},
+    "speaker_encoder_config": {
+        "mel_dim": 128, "enc_dim": 64, "enc_channels": [32, 32, 32, 32, 96], "enc_kernel_sizes": [5, 3, 3, 3, 1],
+        "enc_dilations": [1, 2, 3, 4, 1], "enc_attention_channels": 16, "enc_res2net_scale": 4,
+        "enc_se_channels": 16, "sample_rate": 24000,
+    },
+}
+# A tiny 12 Hz codec of the real frame geometry (1920 samples) for the tiny programs; its Mimi encoder
+# keeps twice the talker's quantizers, as the released one does (32 for 16 code groups).
 TINY_CODEC_CONFIG: dict[str, Any] = {
+    "encoder_valid_num_quantizers": 4,
+    "encoder_config": {
+        "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+        "intermediate_size": 32, "num_filters": 4, "codebook_size": 2048, "codebook_dim": 8,
+        "vector_quantization_hidden_dimension": 8, "num_quantizers": 8, "num_semantic_quantizers": 1,
+    },
     "decoder_config": {
         "codebook_size": 2048, "num_quantizers": 4, "codebook_dim": 16, "latent_dim": 16, "hidden_size": 16,
         "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 32, "num_hidden_layers": 1,
         "sliding_window": 8, "decoder_dim": 16, "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2],
     },
 }
+
+
+TINY_CONFIGS = {"qwen3-tts-tiny": QWEN3_TTS_TINY_CONFIG, "qwen3-tts-base-tiny": QWEN3_TTS_TINY_BASE_CONFIG}
 
 
 def build_modules(cfg: dict[str, Any], device: torch.device, max_model_len: int) -> tuple[Talker, CodePredictor]:
@@ -162,27 +191,33 @@ def _copy_into(params: dict[str, torch.nn.Parameter], values: dict[str, torch.Te
             params[name].copy_(value)
 
 
-def _codec(model_dir: Path | None, codec_path: str | None, tiny: bool, device: torch.device,
-           dtype: torch.dtype, seed: int) -> Qwen3CodecDecoder:
-    """The 12 Hz codec decoder: `--codec-path`, the checkpoint's `speech_tokenizer/`, or random weights."""
+def _codec_dir(model_dir: Path | None, codec_path: str | None) -> Path | None:
+    """The 12 Hz codec: `--codec-path`, the checkpoint's `speech_tokenizer/`, or None (random weights)."""
     path = Path(codec_path) if codec_path else (model_dir / "speech_tokenizer" if model_dir is not None else None)
+    if path is not None and not (path / "config.json").exists():
+        raise CheckpointError(f"no Qwen3-TTS codec at {path} (needs config.json + model.safetensors); "
+                              "pass --codec-path DIR")
+    return path
+
+
+def _codec(path: Path | None, tiny: bool, device: torch.device, dtype: torch.dtype, seed: int) -> Qwen3CodecDecoder:
     if path is None:
         config = Qwen3CodecConfig.from_dict(TINY_CODEC_CONFIG) if tiny else Qwen3CodecConfig()
         return Qwen3CodecDecoder.random(config, seed, device, dtype)
-    if not (path / "config.json").exists():
-        raise CheckpointError(f"no Qwen3-TTS codec at {path} (needs config.json + model.safetensors); "
-                              "pass --codec-path DIR")
     return Qwen3CodecDecoder.from_dir(str(path), device=device, dtype=dtype)
 
 
 def dummy_config(repo: str) -> dict[str, Any]:
-    """The published geometry named by a Hugging Face id (0.6B or 1.7B; CustomVoice or VoiceDesign)."""
+    """The published geometry named by a Hugging Face id (0.6B or 1.7B; CustomVoice, VoiceDesign or Base)."""
     cfg = {**QWEN3_TTS_CONFIG, "talker_config": dict(QWEN3_TTS_CONFIG["talker_config"])}
     if "voicedesign" in repo.lower():
         cfg["tts_model_type"] = "voice_design"
     if "0.6b" in repo.lower():
         cfg["tts_model_size"] = "0b6"
         cfg["talker_config"].update(hidden_size=1024, intermediate_size=3072)
+    if repo.lower().endswith("-base"):  # the speaker embedding is as wide as the talker
+        cfg["tts_model_type"] = "base"
+        cfg["speaker_encoder_config"] = {"enc_dim": cfg["talker_config"]["hidden_size"]}
     return cfg
 
 
@@ -190,15 +225,14 @@ def load_qwen3_tts(name: str, load_format: str, device: torch.device, dtype: tor
                    max_model_len: int, codec_path: str | None = None) -> Qwen3TTSProgram:
     """The Qwen3-TTS program for a registry name, a local checkpoint dir or a cached HF id."""
     model_dir: Path | None = None
-    if name == "qwen3-tts-tiny":
-        cfg = QWEN3_TTS_TINY_CONFIG
+    tiny = name in TINY_CONFIGS
+    if tiny:
+        cfg = TINY_CONFIGS[name]
     else:
-        repo = QWEN3_TTS_ID if name == "qwen3-tts" else name
+        repo = QWEN3_TTS_IDS.get(name, name)
         model_dir = checkpoint_dir(repo, load_format)
         cfg = dummy_config(repo) if model_dir is None else read_json(model_dir / "config.json")
     ids = PromptIds.from_config(cfg)
-    if ids.model_type == "base":
-        raise CheckpointError("Qwen3-TTS Base (voice cloning) checkpoints are not supported by this program yet")
     talker, predictor = build_modules(cfg, device, max_model_len)
     if model_dir is None:
         init_random(talker, seed)
@@ -207,10 +241,16 @@ def load_qwen3_tts(name: str, load_format: str, device: torch.device, dtype: tor
     else:
         load_weights(talker, predictor, iter_safetensors(model_dir))
         tokenizer = load_qwen2_tokenizer(model_dir)
-    codec = _codec(model_dir, codec_path, name == "qwen3-tts-tiny", device, dtype, seed + 2)
+    codec_dir = _codec_dir(model_dir, codec_path)
+    codec = _codec(codec_dir, tiny, device, dtype, seed + 2)
     if codec.config.num_quantizers != ids.num_code_groups:
         raise CheckpointError(f"the codec has {codec.config.num_quantizers} quantizers, the talker "
                               f"{ids.num_code_groups} code groups")
-    meta = qwen3_tts_meta(name, ids, max_model_len, samples_per_frame=codec.config.samples_per_frame)
+    cloner = None
+    if ids.model_type == "base":
+        codec_encoder_config = TINY_CODEC_CONFIG if tiny else None
+        cloner = load_cloner(cfg, model_dir, codec_dir, codec_encoder_config, ids.num_code_groups, device, seed + 3)
+    meta = qwen3_tts_meta(name, ids, max_model_len, talker.cfg.hidden_size,
+                          samples_per_frame=codec.config.samples_per_frame)
     return Qwen3TTSProgram(talker.to(dtype).eval(), predictor.to(dtype).eval(), codec, tokenizer, ids, meta,
-                           device, dtype)
+                           device, dtype, cloner)

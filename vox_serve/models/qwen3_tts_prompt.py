@@ -1,16 +1,17 @@
-"""Qwen3-TTS prompts (CustomVoice and VoiceDesign), built as the reference's non-streaming mode does.
+"""Qwen3-TTS prompts (CustomVoice, VoiceDesign, Base), built as the reference's non-streaming mode does.
 
 Each prompt position is one input row: `[code_0, code_1, ..., code_{G-1}, text]`, -1 where absent.
 Prompt positions use code column 0 only (the talker's codec vocabulary: control ids, languages,
-speakers); generated frames fill all G code columns and leave the text absent (= tts_pad).
+speakers), except a voice clone's reference frames, which fill all G like generated frames; generated
+frames leave the text absent (= tts_pad).
 
-Order (reference `Qwen3TTSForConditionalGeneration.generate`, `non_streaming_mode=True`, the default
-of `generate_custom_voice` and `generate_voice_design`):
+Order (reference `Qwen3TTSForConditionalGeneration.generate`, `non_streaming_mode=True`: the default of
+`generate_custom_voice` and `generate_voice_design`; `generate_voice_clone` takes it as an argument):
   1. instruction turn `<|im_start|>user\\n{instruct}<|im_end|>\\n`: text only (when given);
   2. `<|im_start|>assistant\\n` (first 3 tokens of the assistant turn): text only;
   3. codec prefix `think, think_bos, language, think_eos` (or `nothink, think_bos, think_eos` for
-     language "auto"), the speaker id (CustomVoice), `codec_pad`; paired with tts_pad text, except
-     that the last of them carries tts_bos;
+     language "auto"), the speaker id (CustomVoice) or an empty position that gets the speaker
+     embedding (Base), `codec_pad`; paired with tts_pad text, except that the last carries tts_bos;
   4. every text token (assistant turn without its 3 leading and 5 trailing tokens) with codec_pad,
      then tts_eos with codec_pad;
   5. tts_pad with codec_bos: the talker predicts the first frame from here.
@@ -23,6 +24,7 @@ from typing import Any
 
 ABSENT = -1
 ASSISTANT_HEAD, ASSISTANT_TAIL = 3, 5  # tokens of "<|im_start|>assistant\n" and "<|im_end|>\n<|im_start|>assistant\n"
+REF_TAIL = 2  # tokens of "<|im_end|>\n" closing a voice clone's reference transcript
 
 
 @dataclass(frozen=True)
@@ -109,21 +111,55 @@ def build_prompt(tokenizer: Any, ids: PromptIds, text: str, voice: str | None = 
     """The prompt rows [positions][G + 1] of one request; raises ValueError for unsupported inputs."""
     speaker = resolve_speaker(ids, voice)
     lang_id = language_id(ids, language, speaker)
+    if instruct and not ids.takes_instruct:
+        raise ValueError("instruct: the 0.6B CustomVoice model does not take instructions")
+    turn = tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n").ids
+    speaker_codes = [ids.speakers[speaker]] if speaker is not None else []
+    return _head(tokenizer, ids, turn, lang_id, speaker_codes, instruct) + _text_rows(ids, turn)
+
+
+def build_clone_prompt(tokenizer: Any, ids: PromptIds, text: str, language: str | None = None,
+                       ref_text: str | None = None, ref_codes: list[list[int]] | None = None
+                       ) -> tuple[list[list[int]], int]:
+    """A Base (voice clone) prompt: (rows, index of the speaker row, whose input gets the speaker embedding).
+
+    x-vector-only cloning (no `ref_codes`) is the plain layout with the speaker embedding in the speaker
+    position. In-context cloning (reference `generate_icl_prompt`, non-streaming) replaces the text rows:
+    the reference transcript's tokens then the text's, each with codec_pad, then tts_eos with codec_pad,
+    then codec_bos and every reference frame (all G code groups), each with tts_pad; the model continues
+    the reference audio from its last frame.
+    """
+    turn = tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n").ids
+    rows = _head(tokenizer, ids, turn, language_id(ids, language, None), [ABSENT], None)
+    speaker_row = len(rows) - 2  # the row before the codec_pad / tts_bos row
+    if ref_codes is None:
+        return rows + _text_rows(ids, turn), speaker_row
+    if ref_text is None:
+        raise ValueError("ref_text: in-context cloning needs the reference audio's transcript")
+    ref_turn = tokenizer.encode(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n").ids
+    texts = ref_turn[ASSISTANT_HEAD:-REF_TAIL] + turn[ASSISTANT_HEAD:-ASSISTANT_TAIL]
+    rows += [_row(ids, t, ids.codec_pad) for t in texts] + [_row(ids, ids.tts_eos, ids.codec_pad),
+                                                            _row(ids, ids.tts_pad, ids.codec_bos)]
+    rows += [list(frame) + [ids.tts_pad] for frame in ref_codes]
+    return rows, speaker_row
+
+
+def _head(tokenizer: Any, ids: PromptIds, turn: list[int], lang_id: int | None, speaker_codes: list[int],
+          instruct: str | None) -> list[list[int]]:
+    """Instruction turn, assistant role, codec prefix and speaker position, up to the tts_bos row."""
     rows: list[list[int]] = []
     if instruct:
-        if not ids.takes_instruct:
-            raise ValueError("instruct: the 0.6B CustomVoice model does not take instructions")
         rows += [_row(ids, t) for t in tokenizer.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n").ids]
-    turn = tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n").ids
     rows += [_row(ids, t) for t in turn[:ASSISTANT_HEAD]]
     if lang_id is None:
         prefix = [ids.codec_nothink, ids.codec_think_bos, ids.codec_think_eos]
     else:
         prefix = [ids.codec_think, ids.codec_think_bos, lang_id, ids.codec_think_eos]
-    if speaker is not None:
-        prefix.append(ids.speakers[speaker])
-    prefix.append(ids.codec_pad)
-    rows += [_row(ids, ids.tts_pad, code) for code in prefix[:-1]] + [_row(ids, ids.tts_bos, prefix[-1])]
-    rows += [_row(ids, t, ids.codec_pad) for t in turn[ASSISTANT_HEAD:-ASSISTANT_TAIL]]
-    rows += [_row(ids, ids.tts_eos, ids.codec_pad), _row(ids, ids.tts_pad, ids.codec_bos)]
-    return rows
+    prefix += speaker_codes + [ids.codec_pad]
+    return rows + [_row(ids, ids.tts_pad, code) for code in prefix[:-1]] + [_row(ids, ids.tts_bos, prefix[-1])]
+
+
+def _text_rows(ids: PromptIds, turn: list[int]) -> list[list[int]]:
+    """Every text token with codec_pad, tts_eos with codec_pad, then tts_pad with codec_bos."""
+    rows = [_row(ids, t, ids.codec_pad) for t in turn[ASSISTANT_HEAD:-ASSISTANT_TAIL]]
+    return rows + [_row(ids, ids.tts_eos, ids.codec_pad), _row(ids, ids.tts_pad, ids.codec_bos)]

@@ -49,7 +49,9 @@ FAMILIES: dict[str, ModelFamily] = {
     "qwen3-tts": ModelFamily("qwen3-tts", 4096, _build_qwen3_tts),
 }
 NAMES: dict[str, str] = {"orpheus": "orpheus", "orpheus-tiny": "orpheus", "canopylabs/orpheus-3b-0.1-ft": "orpheus",
-                         "qwen3-tts": "qwen3-tts", "qwen3-tts-tiny": "qwen3-tts"}
+                         "qwen3-tts": "qwen3-tts", "qwen3-tts-tiny": "qwen3-tts", "qwen3-tts-base": "qwen3-tts",
+                         "qwen3-tts-base-tiny": "qwen3-tts", "qwen3-tts-voice-design": "qwen3-tts",
+                         "qwen3-tts-0.6b": "qwen3-tts", "qwen3-tts-base-0.6b": "qwen3-tts"}
 
 
 def family_of(name: str) -> ModelFamily:

@@ -30,6 +30,9 @@ class ProgramMeta:
     languages: tuple[str, ...] = ()
     supports_input_streaming: bool = False
     stateful_codec: bool = False
+    # > 0: prompt positions may carry a vector of this width added to their input embedding (a speaker
+    # embedding); the prefill arena then has `embed_rows` / `embeds` fields.
+    prompt_embed_dim: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def codec_window(self, frames_per_chunk: int) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from vox_serve.request import EmbeddedPrompt
 from vox_serve.rt.arena import Arena, FieldSpec
 from vox_serve.rt.attention import AttentionBackend, AttentionBuffers
 from vox_serve.rt.meta import EngineLimits, ProgramMeta
@@ -43,6 +44,12 @@ def lm_input_fields(tokens: int, seqs: int, limits: EngineLimits, columns: int) 
         FieldSpec("allow_stop", (seqs,), torch.bool),  # False: ignore_eos / not at a frame boundary yet
         FieldSpec("history", (seqs, limits.repetition_window), i64),
     ]
+
+
+def prompt_embed_fields(seqs: int, dim: int) -> list[FieldSpec]:
+    """Vectors added to prompt positions' input embeddings (a speaker embedding): at most one per sequence
+    of a prefill launch. `embed_rows` indexes the launch's flattened tokens; unused entries hold zeros."""
+    return [FieldSpec("embed_rows", (seqs,), torch.int64), FieldSpec("embeds", (seqs, dim), torch.float32)]
 
 
 def lm_output_fields(seqs: int, codes_per_step: int) -> list[FieldSpec]:
@@ -92,8 +99,11 @@ class Program(ABC):
         window = m.codec_window(limits.frames_per_chunk)
         codec_in, codec_out = codec_fields(limits.max_codec_batch, window, m, limits.frames_per_chunk)
         pt, ps = limits.max_prefill_tokens, limits.max_prefill_seqs
+        prefill_fields = lm_input_fields(pt, ps, limits, m.input_columns)
+        if m.prompt_embed_dim:
+            prefill_fields += prompt_embed_fields(ps, m.prompt_embed_dim)
         self.arenas = {
-            "prefill_in": Arena("prefill_in", lm_input_fields(pt, ps, limits, m.input_columns), dev),
+            "prefill_in": Arena("prefill_in", prefill_fields, dev),
             "prefill_out": Arena("prefill_out", lm_output_fields(ps, m.codes_per_step), dev),
             "decode_in": Arena("decode_in", lm_input_fields(limits.max_batch, limits.max_batch, limits,
                                                             m.input_columns), dev),
@@ -107,8 +117,9 @@ class Program(ABC):
         """(layers, query heads, KV heads, head dim) of the paged KV cache."""
 
     @abstractmethod
-    def preprocess(self, fields: dict[str, Any]) -> list[list[int]]:
-        """Validated request fields -> prompt ids [prompt_len][input_columns]. Raises ValueError."""
+    def preprocess(self, fields: dict[str, Any]) -> list[list[int]] | EmbeddedPrompt:
+        """Validated request fields -> prompt ids [prompt_len][input_columns] (with prompt vectors, for
+        programs whose meta has a prompt_embed_dim). Raises ValueError."""
 
     @abstractmethod
     def prefill(self, num_tokens: int, num_seqs: int) -> None:

@@ -309,6 +309,7 @@ class Scheduler:
             history=req.history(s.repetition_window) if s.repetition_penalty != 1.0 else [],  # 1.0: no effect
             gen_index=req.num_generated + req.num_pending, num_codes=len(req.codes),
             allow_stop=not s.ignore_eos, seed=s.seed, pending_input=pending,
+            embeds=[(p - start, vec) for p, vec in req.prompt_embeds.items() if start <= p < known],
         )
 
     # ---- results -------------------------------------------------------------------------

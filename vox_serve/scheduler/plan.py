@@ -41,6 +41,8 @@ class LmRow:
     # for it; `num_codes` and `history` leave it out, and the worker adds it on the device from
     # that step's outputs. `gen_index` and `start_pos` already count it.
     pending_input: bool = False
+    # (index into input_ids, vector): added to those positions' input embeddings (prompt positions only)
+    embeds: list[tuple[int, list[float]]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

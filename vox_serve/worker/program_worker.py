@@ -298,7 +298,24 @@ class ProgramWorker:
         logits_index[:n_seq] = indptr[1 : n_seq + 1] - 1
         paged_kv_csr(table[:seq_bucket], kv[:seq_bucket], page_size, h["kv_indptr"].numpy(),
                      h["kv_indices"].numpy(), h["kv_last_page_len"].numpy())
+        if "embeds" in h:
+            self._fill_embeds(h, rows, indptr)
+        elif any(r.embeds for r in rows):
+            raise ValueError("rows carry prompt embeddings, which this arena has no room for")
         self._fill_sampling(h, rows, seq_bucket - n_seq)
+
+    @staticmethod
+    def _fill_embeds(h: dict[str, torch.Tensor], rows: list[LmRow], indptr: np.ndarray) -> None:
+        """The launch's prompt vectors; unused entries add zeros to token 0."""
+        items = [(int(indptr[i]) + offset, vec) for i, r in enumerate(rows) for offset, vec in r.embeds]
+        index, vectors = h["embed_rows"].numpy(), h["embeds"].numpy()
+        if len(items) > len(index):
+            raise ValueError(f"{len(items)} prompt embeddings in one launch; the arena holds {len(index)}")
+        index[:] = 0
+        vectors[:] = 0.0
+        if items:
+            index[: len(items)] = [token for token, _ in items]
+            vectors[: len(items)] = [vec for _, vec in items]
 
     @staticmethod
     def _fill_sampling(h: dict[str, torch.Tensor], rows: list[LmRow], pad: int) -> None:

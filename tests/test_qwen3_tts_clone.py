@@ -1,0 +1,131 @@
+"""Qwen3-TTS Base (voice cloning) equivalence: our program vs PyPI qwen-tts on the same tiny random checkpoint.
+
+The checkpoint (QWEN3_TTS_TINY_BASE_CONFIG: a tiny ECAPA speaker encoder, and the tiny 12 Hz codec whose
+Mimi encoder the reference's builder perturbs) is written by the reference's `save_pretrained`. The
+reference clones each voice through its public `create_voice_clone_prompt` + `generate_voice_clone`
+(greedy, non_streaming_mode=True: the layout our prompt builder follows), one request at a time; we run
+the same requests batched through the real scheduler and worker, with the reference audio uploaded as
+WAV bytes at 24 kHz (so resampling plays no part here; it has its own tests).
+Checked: the speaker embedding (to float32 rounding), the codec encoder's codes (identical), the talker's
+prompt embeddings (to float32 rounding) and the generated codes (identical) in both cloning modes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+from qwen3_tts_helpers import make_program, require_reference, run_reference, run_requests, write_tiny_checkpoint
+
+from vox_serve.models.qwen3_tts_loader import QWEN3_TTS_TINY_BASE_CONFIG
+
+FRAMES = 24  # frames per request; the reference runs max_new_tokens = FRAMES + 1
+CLONE_SCRIPT = Path(__file__).parent / "qwen_ref" / "clone_ref.py"
+RATE = 24000
+
+
+def reference_wavs() -> dict[str, bytes]:
+    """Reference clips at 24 kHz as PCM16 WAV: lengths on and off the 1920-sample frame grid."""
+    rng = np.random.default_rng(7)
+    t = np.arange(int(2.3 * RATE)) / RATE
+    clips = {
+        "sine": 0.4 * np.sin(2 * np.pi * 220 * t) + 0.1 * rng.standard_normal(t.size),
+        "noise": rng.uniform(-0.5, 0.5, 3 * RATE),  # exactly 37.5 frames: not a whole number
+        "chirp": 0.6 * np.sin(2 * np.pi * (100 + 400 * t[: int(1.5 * RATE)]) * t[: int(1.5 * RATE)]),
+    }
+    out = {}
+    for name, x in clips.items():
+        buf = io.BytesIO()
+        soundfile.write(buf, x.astype(np.float32), RATE, subtype="PCM_16", format="WAV")
+        out[name] = buf.getvalue()
+    return out
+
+
+# Our request fields per case; the reference's x_vector_only_mode is spelled out (it defaults to ICL).
+CASES = [
+    ({"text": "Hello, this is the test.", "language": "English", "ref_text": "A reference sentence."},
+     "sine", False),
+    ({"text": "你好, the test is here!", "ref_text": "Noise, and then some words."}, "noise", False),
+    ({"text": "Another sentence; with more words in it."}, "chirp", True),  # no transcript: x-vector only
+    ({"text": "Short.", "language": "Chinese", "ref_text": "ignored", "x_vector_only_mode": True}, "noise", True),
+]
+
+
+@pytest.fixture(scope="module")
+def clone_setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes], list[dict]]:
+    """(checkpoint, clips, per case: the reference's codes, prompt embeddings, speaker, reference codes)."""
+    from safetensors.torch import load_file
+
+    require_reference("librosa")
+    root = tmp_path_factory.mktemp("qwen3-tts-base")
+    ckpt = write_tiny_checkpoint(root / "base", QWEN3_TTS_TINY_BASE_CONFIG, seed=5)
+    wavs = reference_wavs()
+    for name, data in wavs.items():
+        (root / f"{name}.wav").write_bytes(data)
+    cases = [{"ckpt": str(ckpt), "text": f["text"], "language": f.get("language"), "ref_text": f.get("ref_text"),
+              "ref_audio": str(root / f"{clip}.wav"), "x_vector_only_mode": xvec, "max_new_tokens": FRAMES + 1}
+             for f, clip, xvec in CASES]
+    (root / "cases.json").write_text(json.dumps(cases))
+    run_reference("clone", root / "cases.json", root / "ref", script=CLONE_SCRIPT)
+    tensors = load_file(root / "ref" / "reference.safetensors")
+    refs = [{k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"{i}.")} for i in range(len(CASES))]
+    return ckpt, wavs, refs
+
+
+def fields(i: int, wavs: dict[str, bytes]) -> dict:
+    f, clip, _ = CASES[i]
+    return {**f, "audio": wavs[clip], "max_tokens": FRAMES}
+
+
+def test_speaker_embedding_matches_reference(clone_setup) -> None:
+    ckpt, wavs, refs = clone_setup
+    program, _ = make_program(ckpt)
+    for i, ref in enumerate(refs):
+        audio = program.cloner.reference_audio(fields(i, wavs)["audio"])
+        ours = program.cloner.speaker_encoder(audio)
+        torch.testing.assert_close(ours, ref["speaker"], rtol=1e-5, atol=1e-5)
+
+
+def test_codec_encoder_codes_match_reference(clone_setup) -> None:
+    ckpt, wavs, refs = clone_setup
+    program, _ = make_program(ckpt)
+    icl = [i for i, (_, _, xvec) in enumerate(CASES) if not xvec]
+    for i in icl:
+        audio = program.cloner.reference_audio(fields(i, wavs)["audio"])
+        codes = program.cloner.codec_encoder(audio)
+        assert codes.shape == (-(-audio.numel() // 1920), 4)
+        assert codes.tolist() == refs[i]["ref_codes"].tolist()
+        assert len(set(codes[:, 0].tolist())) > 1  # the codebooks are not degenerate
+
+
+def test_prompt_embeddings_match_reference(clone_setup) -> None:
+    """Our rows plus the speaker vector embed to the reference's talker input (both modes)."""
+    ckpt, wavs, refs = clone_setup
+    program, _ = make_program(ckpt)
+    for i, ref in enumerate(refs):
+        prompt = program.preprocess({k: v for k, v in fields(i, wavs).items() if k != "max_tokens"})
+        (row, vector), = prompt.embeds.items()
+        assert prompt.ids[row][:-1] == [-1] * 4  # the speaker position holds no code, only the vector
+        with torch.no_grad():
+            ours = program.talker.embed(torch.tensor(prompt.ids), program.ids.tts_pad)
+            ours[row] += torch.tensor(vector)
+        assert ours.shape == ref["embeds"].shape
+        torch.testing.assert_close(ours, ref["embeds"], rtol=1e-5, atol=1e-5)
+        if not CASES[i][2]:  # in-context: the reference frames close the prompt, all code groups present
+            frames = ref["ref_codes"].tolist()
+            assert [r[:-1] for r in prompt.ids[-len(frames):]] == frames
+
+
+def test_greedy_codes_match_reference_batched(clone_setup) -> None:
+    ckpt, wavs, refs = clone_setup
+    program, config = make_program(ckpt)
+    reqs, _ = run_requests(program, config, [fields(i, wavs) for i in range(len(CASES))])
+    for req, ref in zip(reqs, refs, strict=True):
+        want = ref["codes"]
+        assert torch.tensor(req.tokens).tolist() == want.tolist()
+        assert req.finish_reason == ("stop" if len(want) < FRAMES else "length")

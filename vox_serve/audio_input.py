@@ -1,0 +1,56 @@
+"""Uploaded reference audio: decoding to float samples and resampling to a model's rate."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+# Filter half-length in zero crossings of the low-pass sinc, and its cut-off as a fraction of the lower
+# Nyquist frequency: tones up to 0.85 x Nyquist pass within 1e-3, aliases fall below -55 dB.
+SINC_ZERO_CROSSINGS = 24
+ROLLOFF = 0.97
+
+
+def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
+    """An audio file's bytes -> (float32 mono samples in [-1, 1], sample rate); channels are averaged.
+
+    Raises ValueError (the reason from libsndfile) for bytes that are not audio it can read.
+    """
+    import soundfile  # only uploads need libsndfile: a server without it still serves text
+
+    try:
+        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+        why = getattr(exc, "error_string", None) or str(exc)
+        raise ValueError(f"is not decodable audio ({why.strip().rstrip('.')})") from exc
+    return samples.mean(axis=1).astype(np.float32), int(rate)
+
+
+def resample(audio: torch.Tensor, orig_rate: int, new_rate: int) -> torch.Tensor:
+    """audio [samples] float -> [ceil(samples * new_rate / orig_rate)] by band-limited interpolation.
+
+    Each output sample is a Hann-windowed sinc of the input around its position, the sinc's cut-off just
+    below the lower of the two Nyquist frequencies, so downsampling does not alias. With both rates
+    divided by their gcd, every block of `p_in` input samples yields `p_out` output samples, and output j
+    of every block uses the same filter: the whole signal is one convolution of stride `p_in` with `p_out`
+    filters. Computed in float64.
+    """
+    if orig_rate == new_rate:
+        return audio
+    g = math.gcd(orig_rate, new_rate)
+    p_in, p_out = orig_rate // g, new_rate // g
+    cutoff = min(p_in, p_out) * ROLLOFF  # in cycles per block of p_in input samples
+    half = math.ceil(SINC_ZERO_CROSSINGS * p_in / cutoff)  # filter half-width in input samples
+    offsets = torch.arange(-half, half + p_in, dtype=torch.float64) / p_in  # input times within a block
+    phases = -torch.arange(p_out, dtype=torch.float64)[:, None] / p_out  # output times, in blocks
+    t = ((offsets[None, :] + phases) * cutoff).clamp(-SINC_ZERO_CROSSINGS, SINC_ZERO_CROSSINGS)
+    window = torch.cos(t * math.pi / (2 * SINC_ZERO_CROSSINGS)) ** 2
+    filters = torch.special.sinc(t) * window * (cutoff / p_in)  # [p_out, taps], unit DC gain
+    x = F.pad(audio.double()[None, None], (half, half + p_in))
+    out = F.conv1d(x, filters[:, None], stride=p_in)  # [1, p_out, blocks]
+    length = math.ceil(audio.shape[-1] * p_out / p_in)
+    return out[0].t().reshape(-1)[:length].to(audio.dtype)

@@ -1,0 +1,114 @@
+"""Qwen3-TTS Base (voice cloning): reference audio -> speaker embedding (+ reference codes) -> prompt.
+
+Runs in `preprocess`, once per request, off the per-step path. The request uploads reference audio
+(`audio`) and optionally its transcript (`ref_text`). Modes, as the reference's `create_voice_clone_prompt`:
+  - in-context (ICL): the reference audio's codec frames and transcript are placed in the prompt, with
+    the speaker embedding; the transcript is required;
+  - x-vector only: just the speaker embedding; the transcript is ignored.
+`x_vector_only_mode` picks the mode explicitly, as in the reference (which defaults to ICL); without it
+the mode follows from whether `ref_text` is given. Audio at another rate is resampled to the codec's
+24 kHz (the reference uses librosa's resampler; ours is a windowed sinc, so only 24 kHz uploads give
+bit-identical prompts). The reference decodes an in-context clone's audio after the reference frames and
+cuts their audio off; we stream it from a fresh codec state (the codes are the same, the first moments
+of audio can differ).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vox_serve.audio_input import decode_audio, resample
+from vox_serve.codecs.qwen3_codec_encoder import CodecEncoderConfig, Qwen3CodecEncoder
+from vox_serve.models.checkpoint import CheckpointError, init_random
+from vox_serve.models.qwen3_speaker_encoder import SAMPLE_RATE, SpeakerEncoder, SpeakerEncoderConfig
+from vox_serve.models.qwen3_tts_prompt import PromptIds, build_clone_prompt
+from vox_serve.request import EmbeddedPrompt
+from vox_serve.request_builder import FieldError
+
+MIN_REFERENCE_SECONDS = 0.1
+MAX_REFERENCE_SECONDS = 60.0  # the released models clone from a few seconds; longer only costs prompt length
+CLONE_FIELDS = ("audio", "ref_text", "x_vector_only_mode")
+
+
+class VoiceCloner:
+    """The Base model's two encoders, on the program's device, in float32."""
+
+    def __init__(self, speaker_encoder: SpeakerEncoder, codec_encoder: Qwen3CodecEncoder) -> None:
+        self.speaker_encoder, self.codec_encoder = speaker_encoder, codec_encoder
+
+    def prompt(self, tokenizer: Any, ids: PromptIds, fields: dict[str, Any]) -> EmbeddedPrompt:
+        """The request's prompt rows with its speaker embedding; FieldError for unusable inputs."""
+        if fields.get("voice") or fields.get("instruct"):
+            name = "voice" if fields.get("voice") else "instruct"
+            raise FieldError(name, "a Base (voice clone) model takes its voice from the reference `audio`")
+        if not fields.get("audio"):
+            raise FieldError("audio", "this Base (voice clone) model needs reference audio: upload it as `audio`")
+        ref_text = fields.get("ref_text") or None
+        x_vector_only = fields.get("x_vector_only_mode", ref_text is None)
+        if not x_vector_only and ref_text is None:
+            raise FieldError("ref_text", "is required for in-context cloning (x_vector_only_mode false)")
+        audio = self.reference_audio(fields["audio"])
+        with torch.inference_mode():
+            speaker = self.speaker_encoder(audio)
+            ref_codes = None if x_vector_only else self.codec_encoder(audio).tolist()
+        rows, speaker_row = build_clone_prompt(tokenizer, ids, fields["text"], fields.get("language"),
+                                               ref_text, ref_codes)
+        return EmbeddedPrompt(rows, {speaker_row: speaker.tolist()})
+
+    def reference_audio(self, data: bytes) -> torch.Tensor:
+        """Uploaded bytes -> [samples] float32 at 24 kHz."""
+        try:
+            samples, rate = decode_audio(data)
+        except ValueError as exc:
+            raise FieldError("audio", str(exc)) from exc
+        seconds = len(samples) / rate
+        if not MIN_REFERENCE_SECONDS <= seconds <= MAX_REFERENCE_SECONDS:
+            raise FieldError("audio", f"the reference audio is {seconds:.2f} s long; it must be "
+                                      f"{MIN_REFERENCE_SECONDS:g} to {MAX_REFERENCE_SECONDS:g} s")
+        return resample(torch.from_numpy(samples), rate, SAMPLE_RATE)
+
+    def weights_bytes(self) -> int:
+        modules = (self.speaker_encoder, self.codec_encoder)
+        return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+
+def load_cloner(cfg: dict[str, Any], model_dir: Path | None, codec_dir: Path | None,
+                codec_config: dict[str, Any] | None, num_code_groups: int, device: torch.device,
+                seed: int) -> VoiceCloner:
+    """The encoders from the checkpoint (`speaker_encoder.*` weights, `speech_tokenizer/`'s encoder), or
+    random weights of `cfg`'s shapes without one (the codec encoder's from `codec_config` or Mimi's)."""
+    speaker_encoder = SpeakerEncoder(SpeakerEncoderConfig.from_dict(cfg.get("speaker_encoder_config") or {}))
+    if model_dir is None:
+        init_random(speaker_encoder, seed)
+    else:
+        _load_speaker_encoder(speaker_encoder, model_dir)
+    if codec_dir is None:
+        config = CodecEncoderConfig.from_dict(codec_config) if codec_config else CodecEncoderConfig()
+        codec_encoder = Qwen3CodecEncoder.random(config, seed + 1)
+    else:
+        codec_encoder = Qwen3CodecEncoder.from_dir(str(codec_dir))
+    if codec_encoder.config.valid_quantizers != num_code_groups:
+        raise CheckpointError(f"the codec encoder keeps {codec_encoder.config.valid_quantizers} quantizers, "
+                              f"the talker has {num_code_groups} code groups")
+    if speaker_encoder.fc.out_channels != cfg["talker_config"]["hidden_size"]:
+        raise CheckpointError("speaker_encoder_config.enc_dim differs from the talker's hidden_size")
+    return VoiceCloner(speaker_encoder.to(device).eval(), codec_encoder.to(device).eval())
+
+
+def _load_speaker_encoder(encoder: SpeakerEncoder, model_dir: Path) -> None:
+    from safetensors import safe_open
+
+    prefix, sd = "speaker_encoder.", {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            sd.update({k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)})
+    own = encoder.state_dict()
+    missing, unexpected = sorted(set(own) - set(sd)), sorted(set(sd) - set(own))
+    bad = [k for k in own if k in sd and sd[k].shape != own[k].shape]
+    if missing or unexpected or bad:
+        raise CheckpointError(f"{model_dir}: speaker encoder weights missing {missing[:4]}, unexpected "
+                              f"{unexpected[:4]}, of other shapes {bad[:4]}")
+    encoder.load_state_dict(sd)
