@@ -29,7 +29,8 @@ class AttentionPlan:
     qo_lens: list[int]  # new (query) tokens per sequence in this step
     kv_lens: list[int]  # KV length per sequence AFTER this step's tokens are written
     pages: list[list[int]] | None = None  # page ids per sequence (host planners need them)
-    num_rows: int | None = None  # rows of the launch (the bucket); padded rows use the null page
+    num_rows: int | None = None  # sequences of the launch (the bucket); padded ones use the null page
+    graph_tokens: int | None = None  # prefill replayed as a CUDA graph over this many token rows
 
     def __post_init__(self) -> None:
         if len(self.qo_lens) != self.num_seqs or len(self.kv_lens) != self.num_seqs:
@@ -90,6 +91,7 @@ class AttentionBackend(ABC):
     """Owns the paged KV caches of all layers and computes attention over them."""
 
     name: str = "abstract"
+    prefill_graphs: bool = False  # whether prefill may be captured (needs graph-static planning)
 
     def __init__(
         self,

@@ -2,7 +2,8 @@
 
 A captured stage reads its inputs from the program's static input arena and writes its outputs
 into the static output arena, so replaying it needs only the arena upload and the attention
-plan that precede it. Prefill is not captured here: its attention is ragged and planned per step.
+plan that precede it. Prefill is captured per token bucket with a fixed number of sequences
+(`max_prefill_seqs`, padded ones empty) when the attention backend plans it graph-statically.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from vox_serve.rt.program import Program
 
 log = logging.getLogger(__name__)
-CAPTURED_STAGES = ("decode", "codec")
+CAPTURED_STAGES = ("prefill", "decode", "codec")
 
 
 class StageGraphs:
@@ -32,6 +33,12 @@ class StageGraphs:
     def replay(self, stage: str, bucket: int) -> None:
         self.graphs[(stage, bucket)].replay()
 
+    def _stage_fn(self, stage: str) -> Callable[[int], None]:
+        prog = self.program
+        if stage == "prefill":
+            return lambda tokens: prog.prefill(tokens, prog.limits.max_prefill_seqs)
+        return getattr(prog, stage)
+
     def capture(self, buckets: dict[str, list[int]], prepare: Callable[[str, int], None]) -> None:
         """Capture every stage and bucket; `prepare(stage, bucket)` fills and plans dummy inputs."""
         prog = self.program
@@ -39,7 +46,7 @@ class StageGraphs:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(prog.device)
         for stage in CAPTURED_STAGES:
-            run = getattr(prog, stage)
+            run = self._stage_fn(stage)
             for bucket in sorted(buckets.get(stage, []), reverse=True):
                 prepare(stage, bucket)
                 stream.wait_stream(torch.cuda.current_stream(prog.device))

@@ -67,8 +67,10 @@ class ProgramWorker:
         if use_cuda_graphs and program.device.type == "cuda":
             self.graphs = StageGraphs(program)
             with torch.inference_mode():
-                self.graphs.capture({"decode": self.decode_buckets, "codec": self.codec_buckets},
-                                    self._prepare_capture)
+                buckets = {"decode": self.decode_buckets, "codec": self.codec_buckets}
+                if program.attention.prefill_graphs:
+                    buckets["prefill"] = self.prefill_buckets
+                self.graphs.capture(buckets, self._prepare_capture)
 
     def _warm_up_prefill(self) -> None:
         """One dummy prefill into the null page before serving, so kernels that compile just in
@@ -94,6 +96,17 @@ class ProgramWorker:
             arena.upload()
             prog.attention.plan(AttentionPlan(bucket, [1] * bucket, [1] * bucket, [[0]] * bucket, bucket),
                                 attention_buffers(arena))
+        elif stage == "prefill":  # sequences on the null page filling the bucket; the rest empty
+            lim = prog.limits
+            longest = lim.max_pages_per_seq * lim.page_size
+            sizes = [min(longest, bucket - start) for start in range(0, bucket, longest)]
+            rows = [LmRow("capture", [[0] * prog.meta.input_columns] * n, 0, [0] * -(-n // lim.page_size), True,
+                          0.0, 0, 1.0, 0.0, 1.0, [], 0, 0, False, 0) for n in sizes]
+            self._fill_lm(arena.host, rows, bucket, lim.max_prefill_seqs)
+            arena.upload()
+            plan = AttentionPlan(len(rows), sizes, sizes, [r.pages for r in rows], lim.max_prefill_seqs,
+                                 graph_tokens=bucket)
+            prog.attention.plan(plan, attention_buffers(arena))
         else:
             arena.host["codes"].zero_()
             arena.host["slot"].fill_(NO_SLOT)
@@ -227,12 +240,15 @@ class ProgramWorker:
                 carry: tuple[list[int], torch.Tensor, torch.Tensor] | None) -> None:
         prog, lim = self.program, self.program.limits
         num_tokens = sum(r.num_tokens for r in rows)
+        captured = False
         if stage == "prefill":
             if len(rows) > lim.max_prefill_seqs or num_tokens > lim.max_prefill_tokens:
                 raise ValueError(f"prefill of {len(rows)} seqs / {num_tokens} tokens exceeds the arena")
             if any(r.pending_input for r in rows):
                 raise ValueError("prefill rows have no pending inputs")
-            token_bucket, seq_bucket = pick_bucket(num_tokens, self.prefill_buckets), len(rows)
+            token_bucket = pick_bucket(num_tokens, self.prefill_buckets)
+            captured = self.graphs is not None and self.graphs.has("prefill", token_bucket)
+            seq_bucket = lim.max_prefill_seqs if captured else len(rows)
         else:
             if any(r.num_tokens != 1 for r in rows):
                 raise ValueError("decode rows carry exactly one token")
@@ -243,7 +259,8 @@ class ProgramWorker:
         if carry is not None:
             self._patch_pending(rows, carry)
         plan = AttentionPlan(len(rows), [r.num_tokens for r in rows], [r.kv_len for r in rows],
-                             [r.pages for r in rows], token_bucket if stage == "decode" else None)
+                             [r.pages for r in rows], seq_bucket,
+                             graph_tokens=token_bucket if captured else None)
         prog.attention.plan(plan, attention_buffers(arena_in))
         self._mark_uploaded(f"{stage}_in")  # after the plan: planners copy from the host arena too
         if stage == "prefill":
