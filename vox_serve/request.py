@@ -70,6 +70,21 @@ class RequestStats:
     last_decode: float | None = None  # when the request last had a token row in a step (starvation guard)
 
 
+@dataclass
+class TextFeed:
+    """Text ids that arrive while an input-streaming request generates: the input of generated frame
+    k carries `ids[k]`. `ids` only grows (it ends with the model's end-of-text id once `ended`), so
+    the id fed at a frame never changes, even when the frame's KV is recomputed after a preemption."""
+
+    ids: list[int] = field(default_factory=list)
+    ended: bool = False
+
+    def has(self, frame: int) -> bool:
+        """Whether generated frame `frame` may be fed: its text id arrived, or the text has ended (then
+        frames past the ids carry no text)."""
+        return frame < len(self.ids) or self.ended
+
+
 AudioSink = Callable[["Request", bytes | None, bool], None]
 """Called with (request, pcm16 bytes or None, is_final) for every chunk and once at the end."""
 
@@ -97,6 +112,7 @@ class Request:
     finish_reason: str | None = None
     error: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
+    text_feed: TextFeed | None = None  # incremental input streaming only
 
     @property
     def prompt_len(self) -> int:

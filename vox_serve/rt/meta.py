@@ -29,6 +29,10 @@ class ProgramMeta:
     default_voice: str | None = None
     languages: tuple[str, ...] = ()
     supports_input_streaming: bool = False
+    # Incremental input streaming: the input column that carries one streamed text id per generated
+    # frame (the program splits the text into prompt + trailing ids). None: the whole text goes into
+    # the prompt, and an input-streaming request starts once its text has ended.
+    streamed_text_column: int | None = None
     stateful_codec: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
