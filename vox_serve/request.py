@@ -72,17 +72,18 @@ class RequestStats:
 
 @dataclass
 class TextFeed:
-    """Text ids that arrive while an input-streaming request generates: the input of generated frame
-    k carries `ids[k]`. `ids` only grows (it ends with the model's end-of-text id once `ended`), so
-    the id fed at a frame never changes, even when the frame's KV is recomputed after a preemption."""
+    """Text ids that arrive while an input-streaming request generates: the input of generated token
+    row k (a frame, for Qwen3-TTS) carries `ids[k]`. `ids` only grows (it ends with the model's
+    end-of-text id once `ended`), so the id fed to a row never changes, even when its KV is
+    recomputed after a preemption."""
 
     ids: list[int] = field(default_factory=list)
     ended: bool = False
 
-    def has(self, frame: int) -> bool:
-        """Whether generated frame `frame` may be fed: its text id arrived, or the text has ended (then
-        frames past the ids carry no text)."""
-        return frame < len(self.ids) or self.ended
+    def has(self, row: int) -> bool:
+        """Whether generated row `row` may be fed: its text id arrived, or the text has ended (then rows
+        past the ids carry no text)."""
+        return row < len(self.ids) or self.ended
 
 
 AudioSink = Callable[["Request", bytes | None, bool], None]

@@ -1,11 +1,12 @@
 """Incremental input streaming in the scheduler: requests whose text arrives while they generate.
 
-A model with `ProgramMeta.streamed_text_column` feeds one text id per generated frame: the input row
-of generated frame k carries `req.text_feed.ids[k]` in that column (absent once the ids, which end
-with the model's end-of-text id, are used up). Before the input row of a frame can be computed,
-its text id must have arrived, or the text must have ended. A request whose next row lacks its text
-waits for it: it is neither decoded nor (after a preemption) re-prefilled, keeps its KV pages and
-codec slot, and its ready audio chunks are decoded as usual. Other requests are not held up.
+A model with `ProgramMeta.streamed_text_column` feeds one text id per generated token row (a frame,
+for Qwen3-TTS): the input row of generated row k carries `req.text_feed.ids[k]` in that column
+(absent once the ids, which end with the model's end-of-text id, are used up). Before the input row
+of a generated row can be computed, its text id must have arrived, or the text must have ended.
+A request whose next row lacks its text waits for it: it is neither decoded nor (after a
+preemption) re-prefilled, keeps its KV pages and codec slot, and its ready audio chunks are
+decoded as usual. Other requests are not held up.
 """
 
 from __future__ import annotations
