@@ -142,7 +142,7 @@ def test_a_request_whose_text_runs_dry_waits_then_resumes_with_the_same_codes(ch
 def test_streaming_prompt_embeds_like_the_reference(checkpoints, reference) -> None:
     for case, ref in zip(CASES[:3], reference[:3], strict=True):
         program, _ = make_program(checkpoints[case["kind"]])
-        ids = program.stable_text_ids(case["text"], True)
+        ids, _ = program.stable_text_ids(case["text"], 0, True)
         rows = program.preprocess_streaming(session_fields(case), ids[: program.num_prompt_text_ids])
         with torch.no_grad():
             ours = program.talker.embed(torch.tensor(rows), program.ids.tts_pad)

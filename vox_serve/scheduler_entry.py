@@ -132,11 +132,11 @@ class SchedulerService:
     def _stream_text(self, req_id: str, session: InputSession, ended: bool) -> None:
         """Hand on the session's newly stable text ids: the first ones start the request, the
         others extend its text feed."""
-        ids = self.streamer.stable_text_ids(session.text, ended)
+        new, session.stable_chars = self.streamer.stable_text_ids(session.text, session.stable_chars, ended)
         if session.started:
-            self.scheduler.append_text(req_id, ids[session.num_ids:], ended)
-            session.num_ids = len(ids)
+            self.scheduler.append_text(req_id, new, ended)
             return
+        ids = session.text_ids = session.text_ids + new
         n = self.streamer.num_prompt_text_ids
         if len(ids) < n:
             if ended:
@@ -148,7 +148,7 @@ class SchedulerService:
         if req is None:
             self.sessions.pop(req_id, None)
             return
-        session.started, session.num_ids = True, len(ids)
+        session.started = True
 
     def _on_abort(self, msg: ipc.Abort) -> None:
         session = self.sessions.pop(msg.req_id, None)

@@ -100,8 +100,8 @@ class Qwen3TTSProgram(Program):
     # ---- input streaming (qwen3_tts_stream.py) ---------------------------------------------
     num_prompt_text_ids = PROMPT_TEXT_IDS
 
-    def stable_text_ids(self, text: str, ended: bool) -> list[int]:
-        return stable_text_ids(self.tokenizer, text, ended, self.ids.tts_eos)
+    def stable_text_ids(self, text: str, start: int, ended: bool) -> tuple[list[int], int]:
+        return stable_text_ids(self.tokenizer, text, start, ended, self.ids.tts_eos)
 
     def preprocess_streaming(self, fields: dict[str, Any], prompt_text_ids: list[int]) -> list[list[int]]:
         voice = fields.get("voice") or self.meta.default_voice

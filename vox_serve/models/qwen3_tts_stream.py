@@ -7,11 +7,13 @@ token per frame, as the reference adds `trailing_text_hidden[:, k]` at generatio
 
 Text arrives in pieces, and BPE must give the ids the whole text would get. The Qwen2 tokenizer first
 splits text into pre-token words with a regex, then merges bytes within each word, so a token can
-only change while its word can: `stable_text_ids` re-tokenizes all the text received so far and
-keeps the tokens of every word but the last (which more letters, digits or punctuation could extend),
-and but the last two when both are whitespace (a newline after them merges a whitespace run into one
-word). Words before those never change: the regex's alternatives that read past a word's end stop at
-the first character of another class. The held-back tokens follow with more text, or with the end.
+only change while its word can: `stable_text_ids` tokenizes the text not yet committed and keeps the
+tokens of every word but the last (which more letters, digits or punctuation could extend), and but
+the last two when both are whitespace (a newline after them merges a whitespace run into one word).
+Words before those never change: the regex's alternatives that read past a word's end stop at the
+first character of another class. The held-back tokens follow with more text, or with the end. The
+regex has no look-behind, so tokenizing from a word boundary on gives the whole text's tokens; the
+next call starts at the first held-back word, and a session's text is tokenized about once.
 """
 
 from __future__ import annotations
@@ -23,21 +25,20 @@ from vox_serve.models.qwen3_tts_prompt import ASSISTANT_HEAD, ASSISTANT_TAIL, Pr
 PROMPT_TEXT_IDS = 1  # text ids in the prompt: the first token (the rest trail, one per frame)
 
 
-def _turn(text: str) -> str:
-    return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
-
-
-def stable_text_ids(tokenizer: Any, text: str, ended: bool, tts_eos: int) -> list[int]:
-    """The text ids of `text` (all received so far) that more text cannot change; once `ended`, all of
-    them and tts_eos. They are the ids the reference gets for the same text (`input_id[:, 3:-5]`)."""
-    turn = _turn(text)
+def stable_text_ids(tokenizer: Any, text: str, start: int, ended: bool, tts_eos: int) -> tuple[list[int], int]:
+    """(ids, end): the ids of `text[start:]` (`text` is all received so far; `start`, 0 or the `end` of
+    the previous call, a word boundary) that more text cannot change, and where in `text` they end.
+    Once `ended`, all of them and tts_eos. All ids of one text, concatenated, are the reference's
+    (`input_id[:, 3:-5]`, from the assistant turn, whose head is only tokenized when `start` is 0)."""
+    head = "<|im_start|>assistant\n" if start == 0 else ""
+    turn = f"{head}{text[start:]}<|im_end|>\n<|im_start|>assistant\n"
     enc = tokenizer.encode(turn)
-    end = len(enc.ids) - ASSISTANT_TAIL
-    ids = enc.ids[ASSISTANT_HEAD:end]
+    first_id, stop = ASSISTANT_HEAD if head else 0, len(enc.ids) - ASSISTANT_TAIL
+    ids = enc.ids[first_id:stop]
     if ended:
-        return ids + [tts_eos]
-    words = enc.word_ids[ASSISTANT_HEAD:end]
-    offsets = enc.offsets[ASSISTANT_HEAD:end]
+        return ids + [tts_eos], len(text)
+    words = enc.word_ids[first_id:stop]
+    offsets = enc.offsets[first_id:stop]
     keep = len(ids)
     for held in range(2):  # the last word; the one before it too when both are whitespace
         if keep == 0:
@@ -49,7 +50,8 @@ def stable_text_ids(tokenizer: Any, text: str, ended: bool, tts_eos: int) -> lis
         keep = first
         if not is_space:
             break
-    return ids[:keep]
+    end = start + offsets[keep][0] - len(head) if keep < len(ids) else start
+    return ids[:keep], end
 
 
 def streaming_prompt(tokenizer: Any, ids: PromptIds, first_text_id: int, voice: str | None = None,
