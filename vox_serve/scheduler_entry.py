@@ -44,8 +44,9 @@ class SchedulerService:
     """The message handling of one replica, independent of the transport (tests drive it directly).
 
     `send` carries messages to the API. Requests the API aborted end silently; every other request
-    ends with exactly one Finished or Failed message. `streamer` (for a model whose meta has a
-    `streamed_text_column`) starts input-streaming requests before their text ends (text_sessions.py).
+    ends with exactly one Finished or Failed message. `streamer` (the program, for a model whose meta
+    has a `streamed_text_column`) starts input-streaming requests before their text ends
+    (text_sessions.py); without it, a session's text is collected and the request starts at its end.
     """
 
     def __init__(self, loop: EngineLoop, preprocess: Preprocess, config: VoxConfig,
@@ -53,7 +54,7 @@ class SchedulerService:
                  streamer: TextStreaming | None = None) -> None:
         self.loop, self.scheduler = loop, loop.scheduler
         self.meta, self.preprocess, self.send = loop.scheduler.meta, preprocess, send
-        self.streamer = streamer if self.meta.streamed_text_column is not None else None
+        self.streamer = streamer
         self.greedy = config.bench.greedy
         self.replica, self.incarnation = replica, incarnation
         self.sessions: dict[str, InputSession] = {}

@@ -30,8 +30,9 @@ class ProgramMeta:
     languages: tuple[str, ...] = ()
     supports_input_streaming: bool = False
     # Incremental input streaming: the input column that carries one streamed text id per generated
-    # frame (the program splits the text into prompt + trailing ids). None: the whole text goes into
-    # the prompt, and an input-streaming request starts once its text has ended.
+    # token row (a frame, for Qwen3-TTS); the program splits the text into prompt + trailing ids
+    # (text_sessions.TextStreaming). None: the whole text goes into the prompt, and an
+    # input-streaming request starts once its text has ended.
     streamed_text_column: int | None = None
     stateful_codec: bool = False
     extra: dict[str, Any] = field(default_factory=dict)

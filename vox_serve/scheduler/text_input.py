@@ -36,9 +36,9 @@ def add_text(meta: ProgramMeta, req: Request, start: int, rows: list[list[int]])
     if column is None or feed is None:
         return
     for i, row in enumerate(rows):
-        frame = start + i - req.prompt_len
-        if frame >= 0:
-            text = feed.ids[frame] if frame < len(feed.ids) else ABSENT_ID
+        k = start + i - req.prompt_len  # generated row k
+        if k >= 0:
+            text = feed.ids[k] if k < len(feed.ids) else ABSENT_ID
             rows[i] = row[:column] + [text] + row[column + 1:]
 
 
