@@ -7,21 +7,26 @@ that need it skip, unless VOX_REQUIRE_QWEN_REF=1, which turns the skip into a fa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import orpheus_helpers
 import pytest
 import torch
 
+from vox_serve import ipc
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.models.qwen2_tokenizer import save_tokenizer_files, tiny_qwen2_tokenizer
 from vox_serve.models.qwen3_tts_loader import QWEN3_TTS_TINY_CONFIG, TINY_CODEC_CONFIG, load_qwen3_tts
 from vox_serve.rt.engine import prepare_program
 from vox_serve.scheduler.base import Scheduler
+from vox_serve.scheduler.factory import make_scheduler
+from vox_serve.scheduler_entry import SchedulerService
 from vox_serve.worker.program_worker import ProgramWorker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,3 +108,47 @@ def case_fields(case: dict, frames: int) -> dict:
     fields = {"text": case["text"], "voice": case.get("speaker"), "language": case.get("language"),
               "instruct": case.get("instruct"), "max_tokens": frames}
     return {k: v for k, v in fields.items() if v is not None}
+
+
+class StreamingDriver:
+    """Input-streaming sessions through the scheduler process's message handling (no ZMQ, no HTTP),
+    greedy, stepped by hand: text pieces can arrive between any two steps."""
+
+    def __init__(self, program, config, policy: str = "base", async_scheduling: bool = False) -> None:
+        config = dataclasses.replace(config, bench=dataclasses.replace(config.bench, greedy=True))
+        scheduler = make_scheduler(program.meta, program.limits,
+                                   dataclasses.replace(config.scheduler, scheduler_type=policy))
+        self.loop = EngineLoop(scheduler, ProgramWorker(program), async_scheduling=async_scheduling)
+        self.sent: list = []
+        self.service = SchedulerService(self.loop, program.preprocess, config, self.sent.append, streamer=program)
+        self.scheduler = scheduler
+        self.reqs: dict = {}  # req_id -> Request, once started
+
+    def start(self, req_id: str, fields: dict) -> None:
+        self.service.handle(ipc.Submit(req_id, fields, 0, input_streaming=True))
+
+    def text(self, req_id: str, piece: str) -> None:
+        self.service.handle(ipc.AppendText(req_id, piece))
+        self._record()
+
+    def end(self, req_id: str) -> None:
+        self.service.handle(ipc.EndText(req_id))
+        self._record()
+
+    def steps(self, n: int) -> None:
+        for _ in range(n):
+            self.service.step()
+
+    def finish(self, timeout_s: float = 120.0) -> None:
+        """Step until idle, waiting as the loop asks (policies that hold audio back wait for the clock)."""
+        deadline = time.monotonic() + timeout_s
+        while self.loop.busy:
+            if time.monotonic() > deadline:
+                raise AssertionError("the loop did not go idle")
+            time.sleep(self.service.step())
+
+    def events(self, req_id: str, kind: type) -> list:
+        return [m for m in self.sent if getattr(m, "req_id", None) == req_id and isinstance(m, kind)]
+
+    def _record(self) -> None:
+        self.reqs.update(self.scheduler.requests)

@@ -1,5 +1,6 @@
 """The scheduler process's message handling, driven in-process (no ZMQ, no HTTP): requests, errors,
-aborts and input-streaming sessions, on the real orpheus-tiny program."""
+aborts and input-streaming sessions, on the real orpheus-tiny program (and qwen3-tts-tiny, whose
+sessions start before their text ends)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from qwen3_tts_helpers import StreamingDriver
 
 from vox_serve import ipc
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
@@ -156,3 +158,38 @@ def test_shutdown_fails_what_is_running_and_stops(program: Any) -> None:
     h.service.step()
     h.service.handle(ipc.Shutdown())
     assert h.service.stopping and h.events("r")[-1].code == "replica_died" and h.pools_full()
+
+
+@pytest.fixture(scope="module")
+def qwen() -> tuple[Any, VoxConfig]:
+    config = dataclasses.replace(CONFIG, model=ModelConfig("qwen3-tts-tiny", device="cpu"))
+    return build_program(config), config
+
+
+def test_qwen_session_starts_before_its_text_ends_and_abort_while_waiting_frees_it(qwen) -> None:
+    program, config = qwen
+    driver = StreamingDriver(program, config)
+    driver.start("s", {"max_tokens": 40, "ignore_eos": True})
+    driver.text("s", "Hello there, this is a longer piece and")  # about 35 text ids: 3 chunks of 10 frames
+    driver.steps(60)
+    req = driver.reqs["s"]
+    assert len(req.tokens) == len(req.text_feed.ids) + 1 > 1  # started, ran, now waits for text
+    assert driver.events("s", ipc.Audio), "complete chunks stream while the request waits"
+    driver.service.handle(ipc.Abort("s", "the client disconnected"))
+    driver.finish()
+    assert not driver.events("s", ipc.Finished) and not driver.events("s", ipc.Failed)
+    assert not driver.service.sessions and driver.service.stats().num_aborted == 1
+    assert all(free == total for free, total in driver.service.pools().values())
+
+
+def test_qwen_session_text_past_the_limit_fails_the_running_request(qwen) -> None:
+    program, config = qwen
+    driver = StreamingDriver(program, config)
+    driver.start("s", {"max_tokens": 40, "ignore_eos": True})
+    driver.text("s", "Hello there, and")
+    driver.steps(3)
+    driver.text("s", "a" * program.meta.max_text_chars)
+    driver.finish()
+    (failed,) = driver.events("s", ipc.Failed)
+    assert failed.code == "invalid_field" and "limit" in failed.message and not driver.service.sessions
+    assert all(free == total for free, total in driver.service.pools().values())

@@ -93,3 +93,43 @@ def test_async_scheduling_emits_the_same_audio_as_sync(policy: str, specs: list[
         outputs.append({t.req_id: ([row for row in sim.requests[t.req_id].tokens],
                                    [n for _, n in t.chunks]) for t in run.traces})
     assert outputs[0] == outputs[1]
+
+
+text_arrival = st.tuples(
+    st.floats(0.0, 1.0),  # send time
+    st.integers(1, 20),  # prompt tokens
+    st.integers(1, 40),  # frames before the stop
+    st.booleans(),  # streaming
+    st.lists(st.tuples(st.floats(0.0, 2.0), st.integers(0, 6)), max_size=5),  # text pieces: (delay, ids)
+    st.floats(0.0, 3.0),  # text end, after the send time
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(POLICIES), specs=st.lists(text_arrival, min_size=1, max_size=6),
+       async_scheduling=st.booleans(), num_pages=st.integers(30, 100), max_batch=st.integers(1, 4))
+def test_requests_whose_text_arrives_late_or_runs_dry_wait_and_all_finish(
+        policy: str, specs: list[tuple], async_scheduling: bool, num_pages: int, max_batch: int) -> None:
+    """Input-streaming requests of a model that feeds one text id per frame: the simulated worker checks
+    that frame k got text id k, then the end-of-text id, then none (nothing ran before its text arrived);
+    every request still finishes with all its audio, and the pools end full."""
+    profile = PROFILE.with_meta(input_columns=2, streamed_text_column=1, stateful_codec=True)
+    lim = dataclasses.replace(limits(max_batch=max_batch, num_pages=num_pages), num_codec_slots=3)
+    arrivals = []
+    for i, (t, prompt, frames, streaming, pieces, end) in enumerate(specs):
+        arrivals.append(Arrival(t, f"s{i}", prompt, frames, streaming,
+                                text_pieces=tuple((t + d, n) for d, n in pieces),
+                                text_end=t + max([end] + [d for d, _ in pieces])))
+    config = scheduler_config(policy, profile.costs, lim, async_scheduling=async_scheduling,
+                              deadline_startup_ms=300.0, deadline_max_prefill_deferral_ms=200.0)
+    sim = Simulation(profile, config, lim, arrivals, on_step=_check_pools)
+    run = sim.run()
+    for trace in run.traces:
+        assert trace.error is None, (trace.req_id, trace.error)
+        req = sim.requests[trace.req_id]
+        num_frames = len(req.codes) // META.codes_per_frame
+        assert num_frames == sim.worker.lengths[req.req_id]
+        assert trace.num_samples == expected_samples(num_frames), "audio lost or duplicated"
+    scheduler = sim.scheduler
+    assert not scheduler.requests and scheduler.pool.num_free == scheduler.pool.num_usable
+    assert scheduler.slots.num_free == scheduler.slots.num_slots

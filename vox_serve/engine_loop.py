@@ -22,6 +22,7 @@ from vox_serve.trace import Tracer
 
 log = logging.getLogger(__name__)
 MAX_IDLE_STEPS = 3  # empty plans in a row, with requests waiting, before the queue head is stalled
+TEXT_WAIT_S = 0.05  # longest wait when only text that has not arrived can unblock the requests
 
 
 class Worker(Protocol):
@@ -105,7 +106,8 @@ class EngineLoop:
         (0 after a step; the policy's own delay when it holds audio back).
 
         Empty plans in a row, with nothing held back, mean the head of the queue can never be
-        admitted (nothing runs that could free pages): it is failed rather than left to spin.
+        admitted (nothing runs that could free pages): it is failed rather than left to spin. While
+        requests wait for streamed text, their text (a message) is what the loop waits for.
         """
         if not self.busy:
             return None
@@ -115,6 +117,8 @@ class EngineLoop:
         wake = self.scheduler.next_wakeup()
         if wake is not None:
             return max(wake - self.scheduler.clock(), 0.0)
+        if self.scheduler.num_waiting_for_text:
+            return TEXT_WAIT_S
         self._idle_steps += 1
         if self._idle_steps >= MAX_IDLE_STEPS and self.scheduler.waiting:
             self._idle_steps = 0

@@ -78,6 +78,22 @@ class EmbeddedPrompt:
     embeds: dict[int, list[float]]  # prompt position -> vector added to that position's input embedding
 
 
+@dataclass
+class TextFeed:
+    """Text ids that arrive while an input-streaming request generates: the input of generated token
+    row k (a frame, for Qwen3-TTS) carries `ids[k]`. `ids` only grows (it ends with the model's
+    end-of-text id once `ended`), so the id fed to a row never changes, even when its KV is
+    recomputed after a preemption."""
+
+    ids: list[int] = field(default_factory=list)
+    ended: bool = False
+
+    def has(self, row: int) -> bool:
+        """Whether generated row `row` may be fed: its text id arrived, or the text has ended (then rows
+        past the ids carry no text)."""
+        return row < len(self.ids) or self.ended
+
+
 AudioSink = Callable[["Request", bytes | None, bool], None]
 """Called with (request, pcm16 bytes or None, is_final) for every chunk and once at the end."""
 
@@ -107,6 +123,7 @@ class Request:
     finish_reason: str | None = None
     error: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
+    text_feed: TextFeed | None = None  # incremental input streaming only
 
     @property
     def prompt_len(self) -> int:

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import zmq
@@ -28,9 +28,10 @@ import zmq
 from vox_serve import ipc
 from vox_serve.config import VoxConfig
 from vox_serve.engine_loop import EngineLoop
-from vox_serve.request import EmbeddedPrompt, Request, RequestStatus
+from vox_serve.request import EmbeddedPrompt, Request, RequestStatus, TextFeed
 from vox_serve.request_builder import FieldError, build_request
 from vox_serve.scheduler.base import QueueFull
+from vox_serve.text_sessions import InputSession, TextStreaming
 
 log = logging.getLogger("vox_serve.scheduler_entry")
 
@@ -39,28 +40,21 @@ STATS_INTERVAL_S = 0.2
 Preprocess = Callable[[dict[str, Any]], list[list[int]] | EmbeddedPrompt]
 
 
-@dataclass
-class InputSession:
-    """An input-streaming request whose text is still arriving."""
-
-    fields: dict[str, Any]
-    default_seed: int
-    audio: bytes
-    parts: list[str] = field(default_factory=list)
-    num_chars: int = 0
-
-
 class SchedulerService:
     """The message handling of one replica, independent of the transport (tests drive it directly).
 
     `send` carries messages to the API. Requests the API aborted end silently; every other request
-    ends with exactly one Finished or Failed message.
+    ends with exactly one Finished or Failed message. `streamer` (the program, for a model whose meta
+    has a `streamed_text_column`) starts input-streaming requests before their text ends
+    (text_sessions.py); without it, a session's text is collected and the request starts at its end.
     """
 
     def __init__(self, loop: EngineLoop, preprocess: Preprocess, config: VoxConfig,
-                 send: Callable[[Any], None], replica: int = 0, incarnation: int = 0) -> None:
+                 send: Callable[[Any], None], replica: int = 0, incarnation: int = 0,
+                 streamer: TextStreaming | None = None) -> None:
         self.loop, self.scheduler = loop, loop.scheduler
         self.meta, self.preprocess, self.send = loop.scheduler.meta, preprocess, send
+        self.streamer = streamer
         self.greedy = config.bench.greedy
         self.replica, self.incarnation = replica, incarnation
         self.sessions: dict[str, InputSession] = {}
@@ -115,25 +109,55 @@ class SchedulerService:
         session.parts.append(msg.text)
         session.num_chars += len(msg.text)
         if session.num_chars > self.meta.max_text_chars:
+            message = f"text: is {session.num_chars} characters; the limit is {self.meta.max_text_chars}"
             del self.sessions[msg.req_id]
-            self._reply_failed(msg.req_id, ipc.ErrorCode.INVALID_FIELD,
-                               f"text: is {session.num_chars} characters; the limit is {self.meta.max_text_chars}",
-                               "text")
+            if msg.req_id in self.scheduler.requests:  # started: the request ends with this error
+                self._abort_codes[msg.req_id] = ipc.ErrorCode.INVALID_FIELD
+                self.scheduler.abort(msg.req_id, message)
+            else:
+                self._reply_failed(msg.req_id, ipc.ErrorCode.INVALID_FIELD, message, "text")
+        elif self.streamer is not None:
+            self._stream_text(msg.req_id, session, ended=False)
 
     def _on_end(self, msg: ipc.EndText) -> None:
         session = self.sessions.pop(msg.req_id, None)
         if session is None:
             log.warning("end of %s, which is not an open session", msg.req_id)
             return
-        fields = {**session.fields, "text": "".join(session.parts)}
+        if self.streamer is not None:
+            self._stream_text(msg.req_id, session, ended=True)
+            return
+        fields = {**session.fields, "text": session.text}
         self._admit(msg.req_id, fields, session.default_seed, session.audio)
 
+    def _stream_text(self, req_id: str, session: InputSession, ended: bool) -> None:
+        """Hand on the session's newly stable text ids: the first ones start the request, the
+        others extend its text feed."""
+        new, session.stable_chars = self.streamer.stable_text_ids(session.text, session.stable_chars, ended)
+        if session.started:
+            self.scheduler.append_text(req_id, new, ended)
+            return
+        ids = session.text_ids = session.text_ids + new
+        n = self.streamer.num_prompt_text_ids
+        if len(ids) < n:
+            if ended:
+                self._reply_failed(req_id, ipc.ErrorCode.INVALID_FIELD, "text: too short for this model", "text")
+            return
+        fields = {**session.fields, "text": session.text}
+        req = self._admit(req_id, fields, session.default_seed, session.audio,
+                          lambda clean: self.streamer.preprocess_streaming(clean, ids[:n]), TextFeed(ids[n:], ended))
+        if req is None:
+            self.sessions.pop(req_id, None)
+            return
+        session.started = True
+
     def _on_abort(self, msg: ipc.Abort) -> None:
-        if self.sessions.pop(msg.req_id, None) is not None:
-            self.num_aborted += 1
-        elif msg.req_id in self.scheduler.requests:
+        session = self.sessions.pop(msg.req_id, None)
+        if msg.req_id in self.scheduler.requests:
             self._abort_codes[msg.req_id] = None
             self.scheduler.abort(msg.req_id, msg.reason)
+        elif session is not None:
+            self.num_aborted += 1
 
     def _on_shutdown(self, msg: ipc.Shutdown) -> None:
         self.stopping = True
@@ -143,15 +167,17 @@ class SchedulerService:
         self.sessions.clear()
 
     # ---- requests ------------------------------------------------------------------------
-    def _admit(self, req_id: str, fields: dict[str, Any], seed: int, audio: bytes) -> Request | None:
-        """Build the request and queue it; on a problem, answer Failed and return None."""
+    def _admit(self, req_id: str, fields: dict[str, Any], seed: int, audio: bytes,
+               preprocess: Preprocess | None = None, text_feed: TextFeed | None = None) -> Request | None:
+        """Build the request (with `preprocess`, default the program's) and queue it; on a problem,
+        answer Failed and return None."""
         fields = {**fields, "audio": audio} if audio else fields
         try:
-            req = build_request(self.meta, self.preprocess, fields, req_id, self.greedy, seed)
+            req = build_request(self.meta, preprocess or self.preprocess, fields, req_id, self.greedy, seed)
         except FieldError as exc:
             self._reply_failed(req_id, ipc.ErrorCode.INVALID_FIELD, str(exc), exc.field)
             return None
-        req.sink = self._on_audio
+        req.sink, req.text_feed = self._on_audio, text_feed
         req.extra["num_chunks_sent"] = req.extra["num_samples_sent"] = 0
         try:
             self.scheduler.add_request(req)
@@ -171,6 +197,7 @@ class SchedulerService:
             req.extra["num_samples_sent"] += len(pcm) // 2
         if not final:
             return
+        self.sessions.pop(req.req_id, None)  # a request may finish before its text ends
         if req.status is RequestStatus.FINISHED:
             self.num_finished += 1
             self.send(ipc.Finished(req.req_id, req.finish_reason or "stop", req.num_generated,
@@ -330,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         conn.send(ipc.Fatal(args.replica, args.incarnation, f"{type(exc).__name__}: {exc}"))
         conn.close(linger_s=2.0)
         return 1
-    service = SchedulerService(loop, program.preprocess, config, conn.send, args.replica, args.incarnation)
+    service = SchedulerService(loop, program.preprocess, config, conn.send, args.replica, args.incarnation,
+                               streamer=program if program.meta.streamed_text_column is not None else None)
     conn.send(ipc.Ready(args.replica, args.incarnation, os.getpid(), str(program.device),
                         program.meta.to_dict(), asdict(program.limits)))
     log.info("ready on %s: model %s, %d KV pages", program.device, program.meta.name, program.limits.num_pages - 1)

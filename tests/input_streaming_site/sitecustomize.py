@@ -1,8 +1,9 @@
 """Test-only: every ProgramMeta built in this interpreter claims input streaming.
 
-No served model has input streaming yet; putting this folder on PYTHONPATH (for the API process
-and its scheduler processes alike) lets test_http_sessions.py drive the whole input-streaming
-path (routes, messages, scheduler sessions) on orpheus-tiny.
+Orpheus has no input streaming; putting this folder on PYTHONPATH (for the API process and its
+scheduler processes alike) lets test_http_sessions.py drive the input-streaming path of models that
+take their whole text in the prompt (routes, messages, sessions collected until the text ends) on
+orpheus-tiny. Qwen3-TTS streams its text incrementally: test_http_qwen3_input_streaming.py.
 """
 
 from typing import Any

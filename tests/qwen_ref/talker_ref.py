@@ -5,6 +5,7 @@ usage:
                                                (which already holds the tokenizer files); CONFIG_JSON is
                                                a config.json plus "_seed" and "_speech_tokenizer_decoder"
   talker_ref.py generate CASES_JSON OUT_DIR    greedy CustomVoice / VoiceDesign generation per case
+                                               (a case's "non_streaming_mode" is passed on when given)
   talker_ref.py tokenize TOKENIZER_DIR STRINGS_JSON OUT_JSON
                                                ids from transformers' tokenizer for that directory
 
@@ -212,6 +213,8 @@ def generate(cases_path: str, out_dir: str) -> None:
         kwargs = {"language": case.get("language"), "instruct": case.get("instruct"), "do_sample": False,
                   "subtalker_dosample": False, "max_new_tokens": case["max_new_tokens"],
                   "repetition_penalty": case.get("repetition_penalty", 1.05)}
+        if "non_streaming_mode" in case:  # False: the text trails the prompt, one token per frame
+            kwargs["non_streaming_mode"] = case["non_streaming_mode"]
         with torch.no_grad():
             head[eos] *= case.get("eos_scale", 1.0)
             if case["kind"] == "custom_voice":

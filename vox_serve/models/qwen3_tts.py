@@ -37,6 +37,7 @@ from vox_serve.codecs.qwen3_codec import Qwen3CodecDecoder, Qwen3CodecSlots
 from vox_serve.models.qwen3_tts_clone import CLONE_FIELDS, VoiceCloner
 from vox_serve.models.qwen3_tts_layers import CodePredictor, Talker
 from vox_serve.models.qwen3_tts_prompt import PromptIds, build_prompt
+from vox_serve.models.qwen3_tts_stream import PROMPT_TEXT_IDS, stable_text_ids, streaming_prompt
 from vox_serve.request import EmbeddedPrompt, OutKind
 from vox_serve.rt import kernels
 from vox_serve.rt.arena import Arena
@@ -66,6 +67,9 @@ def qwen3_tts_meta(name: str, ids: PromptIds, max_model_len: int, hidden_size: i
         default_sampling=dict(DEFAULT_SAMPLING), accepted_fields=accepted, voices=voices,
         default_voice=voices[0] if voices else None, languages=ids.supported_languages, stateful_codec=True,
         prompt_embed_dim=hidden_size if clones else 0,
+        # Input streaming covers the named-voice and designed-voice prompts; a cloned voice's streaming
+        # prompt (reference frames interleaved with streamed text) is not built yet.
+        supports_input_streaming=not clones, streamed_text_column=None if clones else g,
         extra={"model_type": ids.model_type, "takes_instruct": ids.takes_instruct,
                "input_layout": f"columns 0..{g - 1}: code groups (-1 absent); column {g}: text id (-1: tts_pad)"},
     )
@@ -106,6 +110,17 @@ class Qwen3TTSProgram(Program):
         voice = fields.get("voice") or self.meta.default_voice
         return build_prompt(self.tokenizer, self.ids, fields["text"], voice, fields.get("language"),
                             fields.get("instruct"))
+
+    # ---- input streaming (qwen3_tts_stream.py) ---------------------------------------------
+    num_prompt_text_ids = PROMPT_TEXT_IDS
+
+    def stable_text_ids(self, text: str, start: int, ended: bool) -> tuple[list[int], int]:
+        return stable_text_ids(self.tokenizer, text, start, ended, self.ids.tts_eos)
+
+    def preprocess_streaming(self, fields: dict[str, Any], prompt_text_ids: list[int]) -> list[list[int]]:
+        voice = fields.get("voice") or self.meta.default_voice
+        return streaming_prompt(self.tokenizer, self.ids, prompt_text_ids[0], voice, fields.get("language"),
+                                fields.get("instruct"))
 
     # ---- LM stages -----------------------------------------------------------------------
     def prefill(self, num_tokens: int, num_seqs: int) -> None:

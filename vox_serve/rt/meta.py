@@ -29,6 +29,11 @@ class ProgramMeta:
     default_voice: str | None = None
     languages: tuple[str, ...] = ()
     supports_input_streaming: bool = False
+    # Incremental input streaming: the input column that carries one streamed text id per generated
+    # token row (a frame, for Qwen3-TTS); the program splits the text into prompt + trailing ids
+    # (text_sessions.TextStreaming). None: the whole text goes into the prompt, and an
+    # input-streaming request starts once its text has ended.
+    streamed_text_column: int | None = None
     stateful_codec: bool = False
     # > 0: prompt positions may carry a vector of this width added to their input embedding (a speaker
     # embedding); the prefill arena then has `embed_rows` / `embeds` fields.

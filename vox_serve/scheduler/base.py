@@ -7,6 +7,8 @@ decode finds no free page, the most recently admitted request is preempted: its 
 it keeps its generated tokens and audio, and it returns to the front of the queue to recompute
 its KV when pages free up. So running out of pages never fails a request; new requests wait.
 Requests in the step being planned, or in the step still on the device, are never preempted.
+Input-streaming requests of models that feed text per frame wait while their text runs dry
+(text_input.py).
 
 Policies (online.py, offline.py, deadline.py) subclass `Scheduler` and override these hooks:
 `select_codec` (which chunks to decode), `admission_order` / `can_admit` / `defer_admissions`
@@ -32,6 +34,7 @@ from vox_serve.rt.meta import EngineLimits, ProgramMeta
 from vox_serve.rt.page_pool import PagePool, SlotPool
 from vox_serve.scheduler.chunks import ChunkGeometry
 from vox_serve.scheduler.plan import ABSENT_ID, CodecRow, LmOut, LmRow, StepPlan, StepResult
+from vox_serve.scheduler.text_input import add_text, extend, waits_for_text
 
 
 class QueueFull(RuntimeError):
@@ -81,6 +84,17 @@ class Scheduler:
             return False
         self._end(req, RequestStatus.ABORTED, reason)
         return True
+
+    def append_text(self, req_id: str, ids: list[int], ended: bool = False) -> None:
+        """More streamed text for an input-streaming request (see text_input.py)."""
+        req = self.requests.get(req_id)
+        if req is not None:
+            extend(req, ids, ended)
+
+    @property
+    def num_waiting_for_text(self) -> int:
+        """Requests that cannot run until more of their text arrives."""
+        return sum(waits_for_text(r) for r in self.running + list(self.waiting))
 
     def pool_usage(self) -> dict[str, tuple[int, int]]:
         """(free, total) of the KV page pool and, for stateful codecs, the codec slot pool."""
@@ -182,7 +196,7 @@ class Scheduler:
     def select_prefill(self) -> list[LmRow]:
         rows: list[LmRow] = []
         budget = self.limits.max_prefill_tokens
-        for req in [r for r in self.running if self._todo(r) > 1]:
+        for req in [r for r in self.running if self._todo(r) > 1 and not waits_for_text(r)]:
             if len(rows) >= self.limits.max_prefill_seqs or budget <= 0:
                 return rows
             row = self._prefill_row(req, budget)
@@ -193,6 +207,8 @@ class Scheduler:
         if not self.waiting or self.defer_admissions():
             return rows
         for req in self.admission_order():
+            if waits_for_text(req):
+                continue  # preempted while its text ran dry: readmitted once the text arrives
             if len(rows) >= self.limits.max_prefill_seqs or budget <= 0 or not self.can_admit(req):
                 break
             row = self._prefill_row(req, budget)
@@ -259,7 +275,7 @@ class Scheduler:
     def _decodable(self, req: Request) -> bool:
         """One token to decode, and room for it (a token in flight may be the request's last)."""
         generated = req.num_generated + req.num_pending
-        return (self._todo(req) == 1 and generated < req.sampling.max_tokens
+        return (self._todo(req) == 1 and generated < req.sampling.max_tokens and not waits_for_text(req)
                 and req.total_len + req.num_pending < self.limits.max_model_len)
 
     def _ensure_pages(self, req: Request, planned: set[str]) -> bool:
@@ -301,6 +317,7 @@ class Scheduler:
         input_ids = [_widen(req.input_row(p), width) for p in range(start, known)]
         if pending:
             input_ids.append([ABSENT_ID] * width)
+        add_text(self.meta, req, start, input_ids)
         return LmRow(
             req_id=req.req_id, input_ids=input_ids,
             start_pos=start, pages=self.pool.pages(req.req_id), sample=sample,

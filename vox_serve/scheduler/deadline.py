@@ -19,6 +19,8 @@
   tokens before its client has played a frame) and the KV cache keeps a page of headroom per
   running request; the batch then goes to the earliest deadlines, so streams that are far ahead
   of their clients make room for new ones.
+- A stream waiting for its streamed text is never "about to underrun" for admissions: holding
+  other requests back cannot help it.
 - Non-streaming requests have no playback deadline: they never defer admissions, and they take
   the capacity streams leave. Any request that has not decoded for the maximum deferral decodes
   first, so nothing starves.
@@ -36,6 +38,7 @@ from vox_serve.rt.meta import EngineLimits, ProgramMeta
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.scheduler.plan import CodecRow, StepPlan
 from vox_serve.scheduler.playback import PLAYBACK_MARGIN_S, playback_deadline
+from vox_serve.scheduler.text_input import waits_for_text
 
 PERIOD_SMOOTHING = 0.05
 """Weight of the newest step in the measured step period (an exponential average over ~20 steps)."""
@@ -156,7 +159,8 @@ class DeadlineScheduler(Scheduler):
 
     def defer_admissions(self) -> bool:
         """Find the streams about to underrun; each waiting request then decides in can_admit."""
-        self._at_risk = [r for r in self.running + self.draining if r.streaming and self.slack(r) < self.prefill_s]
+        self._at_risk = [r for r in self.running + self.draining
+                         if r.streaming and self.slack(r) < self.prefill_s and not waits_for_text(r)]
         if not self._at_risk:
             self._deferred_since.clear()
         for waiting in self.waiting if self._at_risk else ():

@@ -18,13 +18,13 @@ from typing import Any
 from vox_serve.config import SchedulerConfig
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.metrics import RequestTrace, Summary, summarize
-from vox_serve.request import Request, SamplingParams
+from vox_serve.request import Request, SamplingParams, TextFeed
 from vox_serve.rt.meta import EngineLimits, ProgramMeta
 from vox_serve.scheduler.base import QueueFull, Scheduler
 from vox_serve.scheduler.factory import make_scheduler
 from vox_serve.sim.clock import VirtualClock
 from vox_serve.sim.cost import CostModel, Profile
-from vox_serve.sim.worker import SimStats, SimWorker
+from vox_serve.sim.worker import TEXT_END_ID, TEXT_ID_BASE, SimStats, SimWorker
 from vox_serve.sim.workload import Arrival
 from vox_serve.trace import Tracer
 
@@ -89,6 +89,7 @@ class Simulation:
         tracer = Tracer(trace_dir, timer="sim") if trace_dir else None
         self.loop = EngineLoop(self.scheduler, self.worker, tracer=tracer)
         self.arrivals = deque(sorted(arrivals, key=lambda a: a.t))
+        self.texts: list[tuple[float, str, int, bool]] = []  # pending text: (time, req_id, ids, ends)
         self.traces: dict[str, RequestTrace] = {}
         self.requests: dict[str, Request] = {}
         self.on_step = on_step
@@ -98,6 +99,7 @@ class Simulation:
         while self.arrivals or self.loop.busy:
             while self.arrivals and self.arrivals[0].t <= self.clock.now():
                 self._send(self.arrivals.popleft())
+            self._send_text()
             if self.loop.step():
                 if self.on_step is not None:
                     self.on_step(self.scheduler, self.worker)
@@ -111,8 +113,8 @@ class Simulation:
 
     def _wait(self) -> None:
         """Nothing ran: jump to the next event, or fail the queue's head if none will come."""
-        times = [t for t in (self.arrivals[0].t if self.arrivals else None, self.scheduler.next_wakeup())
-                 if t is not None]
+        times = [t for t in (self.arrivals[0].t if self.arrivals else None, self.scheduler.next_wakeup(),
+                             min((e[0] for e in self.texts), default=None)) if t is not None]
         if times:
             self.clock.advance_to(min(times))
         elif self.scheduler.waiting:
@@ -126,6 +128,10 @@ class Simulation:
         sampling = SamplingParams(temperature=0.0, repetition_penalty=1.0, ignore_eos=a.ignore_eos,
                                   max_tokens=a.max_tokens or tokens + cpf, seed=len(self.traces))
         req = Request(a.req_id, [[1] * self.meta.input_columns] * a.prompt_len, sampling, streaming=a.streaming)
+        if a.text_end is not None:
+            req.text_feed = TextFeed()
+            self.texts += [(t, a.req_id, n, False) for t, n in a.text_pieces] + [(a.text_end, a.req_id, 0, True)]
+            self.worker.set_text(a.req_id, sum(n for _, n in a.text_pieces))
         trace = self.traces[a.req_id] = RequestTrace(a.req_id, a.t, a.streaming)
         req.sink = self._sink(trace)
         self.worker.set_length(a.req_id, a.num_frames)
@@ -136,6 +142,17 @@ class Simulation:
             return
         req.stats.arrival = a.t  # sent during the step that was running: its client's clock counts from then
         self.requests[a.req_id] = req
+
+    def _send_text(self) -> None:
+        """Deliver the text pieces that are due, in order (ids numbered per request, as the worker expects)."""
+        due = sorted((e for e in self.texts if e[0] <= self.clock.now()), key=lambda e: (e[0], e[3]))
+        self.texts = [e for e in self.texts if e[0] > self.clock.now()]
+        for _, req_id, n, ends in due:
+            req = self.requests.get(req_id)
+            if req is None or req.text_feed is None:
+                continue  # refused at arrival
+            first = TEXT_ID_BASE + len(req.text_feed.ids)
+            self.scheduler.append_text(req_id, list(range(first, first + n)) + ([TEXT_END_ID] if ends else []), ends)
 
     def _sink(self, trace: RequestTrace) -> Callable[[Request, bytes | None, bool], None]:
         def sink(req: Request, pcm: bytes | None, final: bool) -> None:

@@ -10,7 +10,9 @@ It also checks the plan contract the real engine relies on and raises `PlanError
 the step's requests) when a scheduler breaks it: KV positions contiguous and covered by pages no
 other request in the step holds; one token per decode row; pending inputs only after a step that
 sampled them; every chunk decoded once, in order; a stateful codec's chunks of one request never
-together in a batch and always on the request's own slot.
+together in a batch and always on the request's own slot; with a streamed text column, generated
+frame k of an input-streaming request fed text id k, then the end-of-text id, then none (so no frame
+ran before its text arrived, and none was skipped or fed twice).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from dataclasses import dataclass, field
 
 from vox_serve.request import OutKind
 from vox_serve.rt.meta import EngineLimits, ProgramMeta
-from vox_serve.scheduler.plan import CodecOut, CodecRow, LmOut, LmRow, StepPlan, StepResult
+from vox_serve.scheduler.plan import ABSENT_ID, CodecOut, CodecRow, LmOut, LmRow, StepPlan, StepResult
 from vox_serve.sim.clock import VirtualClock
 from vox_serve.sim.cost import CostModel
 
 DEFAULT_FRAMES = 60  # audio frames of a request without a scripted length
+TEXT_ID_BASE = 100_000  # streamed text id k of a simulated request is TEXT_ID_BASE + k
+TEXT_END_ID = 99_999  # then this end-of-text id
 
 
 class PlanError(AssertionError):
@@ -61,6 +65,10 @@ class SimWorker:
         self._next_chunk: dict[str, int] = {}
         self._slot_owner: dict[int, str] = {}
         self._last_sampled: set[str] = set()
+        self._text_ids: dict[str, int] = {}  # input-streaming req_id -> text ids it gets in all
+
+    def set_text(self, req_id: str, num_ids: int) -> None:
+        self._text_ids[req_id] = num_ids
 
     def set_length(self, req_id: str, num_frames: int) -> None:
         self.lengths[req_id] = num_frames
@@ -140,7 +148,19 @@ class SimWorker:
                 raise PlanError(f"page {page} of {r.req_id} is reserved or held by {page_owner[page]}")
         if r.pending_input and r.req_id not in self._last_sampled:
             raise PlanError(f"{r.req_id} has a pending input that the previous step did not sample")
+        self._check_text(r)
         self._kv[r.req_id] = r.kv_len
+
+    def _check_text(self, r: LmRow) -> None:
+        column, num_ids = self.meta.streamed_text_column, self._text_ids.get(r.req_id)
+        if column is None or num_ids is None or not r.sample:
+            return
+        prompt_len = r.kv_len - r.gen_index  # a sampling row's last input is its last generated frame
+        for i, row in enumerate(r.input_ids):
+            frame = r.start_pos + i - prompt_len
+            want = TEXT_ID_BASE + frame if frame < num_ids else TEXT_END_ID if frame == num_ids else ABSENT_ID
+            if frame >= 0 and row[column] != want:
+                raise PlanError(f"{r.req_id}: frame {frame} fed text id {row[column]}, expected {want}")
 
     def _check_codec(self, rows: list[CodecRow]) -> None:
         if len(rows) > self.limits.max_codec_batch:

@@ -15,6 +15,10 @@ class Arrival:
     streaming: bool = True
     ignore_eos: bool = False
     max_tokens: int | None = None  # None: room for every frame
+    # Incremental input streaming (a model with a streamed text column): (send time, text ids) pieces
+    # and when the text ends; None: the whole text is in the prompt.
+    text_pieces: tuple[tuple[float, int], ...] = ()
+    text_end: float | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,52 @@
+"""Incremental input streaming in the scheduler: requests whose text arrives while they generate.
+
+A model with `ProgramMeta.streamed_text_column` feeds one text id per generated token row (a frame,
+for Qwen3-TTS): the input row of generated row k carries `req.text_feed.ids[k]` in that column
+(absent once the ids, which end with the model's end-of-text id, are used up). Before the input row
+of a generated row can be computed, its text id must have arrived, or the text must have ended.
+A request whose next row lacks its text waits for it: it is neither decoded nor (after a
+preemption) re-prefilled, keeps its KV pages and codec slot, and its ready audio chunks are
+decoded as usual. Other requests are not held up.
+"""
+
+from __future__ import annotations
+
+from vox_serve.request import Request, RequestStatus
+from vox_serve.rt.meta import ProgramMeta
+from vox_serve.scheduler.plan import ABSENT_ID
+
+
+def has_input(req: Request, pos: int) -> bool:
+    """Whether the input row at absolute position `pos` is known (prompt positions always are)."""
+    feed = req.text_feed
+    return feed is None or pos < req.prompt_len or feed.has(pos - req.prompt_len)
+
+
+def waits_for_text(req: Request) -> bool:
+    """True while the request (waiting or running) has tokens left to generate and its next LM row (up
+    to its last sampled token, pending ones included) needs a text id that has not arrived."""
+    generating = req.status in (RequestStatus.WAITING, RequestStatus.RUNNING)
+    return generating and not has_input(req, req.total_len + req.num_pending - 1)
+
+
+def add_text(meta: ProgramMeta, req: Request, start: int, rows: list[list[int]]) -> None:
+    """Write the streamed text id of every generated position among `rows` (positions `start`, ...)
+    into its text column. Rows are replaced, not edited: a generated row may be `req.tokens[k]`."""
+    column, feed = meta.streamed_text_column, req.text_feed
+    if column is None or feed is None:
+        return
+    for i, row in enumerate(rows):
+        k = start + i - req.prompt_len  # generated row k
+        if k >= 0:
+            text = feed.ids[k] if k < len(feed.ids) else ABSENT_ID
+            rows[i] = row[:column] + [text] + row[column + 1:]
+
+
+def extend(req: Request, ids: list[int], ended: bool) -> None:
+    """More text ids for an input-streaming request; `ended` once its text is complete."""
+    if req.text_feed is None:
+        raise ValueError(f"request {req.req_id} does not stream its text")
+    if req.text_feed.ended and ids:
+        raise ValueError(f"request {req.req_id}: text after its end")
+    req.text_feed.ids.extend(ids)
+    req.text_feed.ended = req.text_feed.ended or ended

@@ -1,0 +1,46 @@
+"""Input-streaming sessions in the scheduler process: text that arrives in pieces (pure Python).
+
+A model without incremental input streaming collects a session's pieces and starts the request at
+the end of the text. A model with it (`ProgramMeta.streamed_text_column`, e.g. Qwen3-TTS) is a
+`TextStreaming` program: after every piece, the ids of the text received so far that more text can no
+longer change (`stable_text_ids`) are handed on: the first `num_prompt_text_ids` of them to build the
+prompt, which starts the request; the rest, as they become stable, to the request's text feed. Only
+the text not yet stable is tokenized again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class TextStreaming(Protocol):
+    """What a program with incremental input streaming provides (the Qwen3-TTS program, for one)."""
+
+    num_prompt_text_ids: int  # text ids the prompt needs before the request can start
+
+    def stable_text_ids(self, text: str, start: int, ended: bool) -> tuple[list[int], int]:
+        """(ids, end): the ids of `text[start:]` (`text` is all received so far; `start` is 0 or the
+        previous call's `end`) that more text cannot change, and where in `text` they end; once
+        `ended`, all of them and the model's end-of-text id."""
+
+    def preprocess_streaming(self, fields: dict[str, Any], prompt_text_ids: list[int]) -> list[list[int]]:
+        """The prompt rows of an input-streaming request; raises ValueError like `preprocess`."""
+
+
+@dataclass
+class InputSession:
+    """An input-streaming request whose text is still arriving."""
+
+    fields: dict[str, Any]
+    default_seed: int
+    audio: bytes
+    parts: list[str] = field(default_factory=list)
+    num_chars: int = 0
+    started: bool = False  # incremental streaming: the request runs
+    stable_chars: int = 0  # incremental streaming: text before this offset is tokenized for good
+    text_ids: list[int] = field(default_factory=list)  # stable ids kept until the request starts
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
