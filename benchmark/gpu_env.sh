@@ -8,7 +8,7 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
-export VOX_GIT_COMMIT=${VOX_GIT_COMMIT:-unknown}  # the tree copied to a GPU machine has no .git: pass it in
+export VOX_GIT_COMMIT=${VOX_GIT_COMMIT:-}  # the commit the results record (the copied tree may carry a stale .git)
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
 # FlashInfer modules compiled by an earlier call (save_fi_modules below), carried as .fiaot/: loaded
 # as ahead-of-time modules instead of compiling them again (minutes of device time).

@@ -103,8 +103,8 @@ def environment() -> dict:
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    # A copy of the tree without .git (the GPU machine's) records the commit given in VOX_GIT_COMMIT.
-    commit = cmd("git", "rev-parse", "--verify", "-q", "HEAD") or os.environ.get("VOX_GIT_COMMIT", "unknown")
+    # VOX_GIT_COMMIT wins: the GPU machine's copy of the tree may carry a stale .git of its own.
+    commit = os.environ.get("VOX_GIT_COMMIT") or cmd("git", "rev-parse", "--verify", "-q", "HEAD") or "unknown"
     return {"command": " ".join(sys.argv), "git_commit": commit,
             "gpu": cmd("nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

@@ -80,6 +80,8 @@ FLAGS: tuple[Flag, ...] = (
     _f("--max-prefill-seqs", type=int, default=16, help="sequences in one prefill step"),
     _f("--max-codec-batch", type=int, default=64, help="audio chunks decoded in one codec step"),
     _f("--detokenize-interval", type=int, default=None, help="frames per audio chunk (default: model's)"),
+    _f("--first-chunk-frames", type=int, default=None, runtimes=PY_ONLY,
+       help="frames of each request's first audio chunk, at most the interval (sooner first audio)"),
     _f("--max-queued-requests", type=int, default=1024, help="waiting requests before new ones are refused"),
     # execution
     _f("--attention-backend", choices=["auto", "torch", "flashinfer"], default="auto",
@@ -204,9 +206,12 @@ def _check_values(kept: dict[str, Any]) -> None:
     for dest in ("page_size", "max_batch_size", "max_prefill_tokens", "max_prefill_seqs", "max_codec_batch"):
         if dest in kept and kept[dest] < 1:
             raise CliError(f"--{dest.replace('_', '-')} must be >= 1")
-    for dest in ("detokenize_interval", "max_num_pages", "max_model_len"):
+    for dest in ("detokenize_interval", "first_chunk_frames", "max_num_pages", "max_model_len"):
         if kept.get(dest) is not None and kept[dest] < 1:
             raise CliError(f"--{dest.replace('_', '-')} must be >= 1")
+    first, interval = kept.get("first_chunk_frames"), kept.get("detokenize_interval")
+    if first is not None and interval is not None and first > interval:
+        raise CliError(f"--first-chunk-frames {first} must be at most --detokenize-interval {interval}")
     if not 0.0 < kept.get("gpu_memory_utilization", 0.9) <= 1.0:
         raise CliError("--gpu-memory-utilization must be in (0, 1]")
     if kept.get("bench_requests", 0) < 0:
@@ -262,6 +267,7 @@ def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
             sched, v["max_batch_size"], v["max_prefill_tokens"], v["max_prefill_seqs"],
             v["max_codec_batch"], v["detokenize_interval"], v["max_queued_requests"],
             async_scheduling=v["async_scheduling"], trace_dir=v["trace_dir"],
+            first_chunk_frames=v["first_chunk_frames"],
             deadline_startup_ms=v["deadline_startup_ms"],
             deadline_max_prefill_deferral_ms=v["deadline_max_prefill_deferral_ms"],
             deadline_lm_step_ms=v["deadline_lm_step_ms"], deadline_codec_ms=v["deadline_codec_ms"],

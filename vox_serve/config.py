@@ -10,6 +10,10 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 
+class ConfigError(ValueError):
+    """A setting that does not fit the model being served (found once the model is known)."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which program to build and how to load its weights."""
@@ -45,6 +49,7 @@ class SchedulerConfig:
     max_queued_requests: int = 1024
     async_scheduling: bool = False  # plan step k+1 while the device runs step k
     trace_dir: str | None = None  # JSON-lines traces of stage launches and scheduling decisions
+    first_chunk_frames: int | None = None  # frames of the first chunk (sooner first audio); None: the interval
     # `deadline` policy: the first-audio deadline of a new stream, the longest a prefill may be
     # deferred for running streams, and cost estimates (per model and GPU) of one LM decode step,
     # one codec launch and one prefill launch.

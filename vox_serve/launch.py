@@ -60,11 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if config.bench.num_requests > 0:
         from vox_serve.bench import run_bench
+        from vox_serve.config import ConfigError
         from vox_serve.models.checkpoint import CheckpointError
 
         try:
             return run_bench(config)
-        except CheckpointError as exc:  # a model the user named that cannot be loaded
+        except (CheckpointError, ConfigError) as exc:  # a model or setting the user named that cannot work
             warn(f"error: {exc}")
             return 2
     from vox_serve.api.server import serve

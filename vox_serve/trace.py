@@ -59,8 +59,13 @@ class Tracer:
         })
 
     def stages(self, plan: StepPlan, result: StepResult) -> None:
+        # Smaller first chunks run as a launch of their own ("codec_first") when the engine has one.
+        split = "codec_first" in result.stage_seconds
+        first = [r for r in plan.codec if split and r.chunk_index == 0]
+        rest = [r for r in plan.codec if not (split and r.chunk_index == 0)]
         sizes = {
-            "codec": (len(plan.codec), sum(r.num_frames for r in plan.codec)),
+            "codec": (len(rest), sum(r.num_frames for r in rest)),
+            "codec_first": (len(first), sum(r.num_frames for r in first)),
             "prefill": (len(plan.prefill), sum(r.num_tokens for r in plan.prefill)),
             "decode": (len(plan.decode), len(plan.decode)),
         }

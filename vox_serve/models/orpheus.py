@@ -132,8 +132,8 @@ class OrpheusProgram(Program):
         return torch.where(cand == CODES_PER_SLOT, STOP_ID, base.squeeze(1) + cand)
 
     # ---- codec ---------------------------------------------------------------------------
-    def codec(self, batch: int) -> None:
-        a, out = self.arenas["codec_in"], self.arenas["codec_out"]
+    def codec(self, batch: int, first: bool = False) -> None:
+        a, out = self.codec_arenas(first)
         frames = a["codes"][:batch].clamp(0, CODES_PER_SLOT - 1)
         seed = a["seed"][:batch] if self.codec_noise else None
         audio = self.snac.decode(orpheus_frames_to_codes(frames), noise_seed=seed,

@@ -177,8 +177,8 @@ class Qwen3TTSProgram(Program):
         return torch.stack(codes, dim=1)
 
     # ---- codec ---------------------------------------------------------------------------
-    def codec(self, batch: int) -> None:
-        a, out = self.arenas["codec_in"], self.arenas["codec_out"]
+    def codec(self, batch: int, first: bool = False) -> None:
+        a, out = self.codec_arenas(first)
         slots = a["slot"][:batch]
         slots = torch.where(slots >= 0, slots, self.scratch_slot)
         pcm = self.codec_slots.decode_chunk(a["codes"][:batch], slots)  # [batch, window * samples_per_frame]

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from vox_serve.config import VoxConfig
+from vox_serve.config import ConfigError, VoxConfig
 from vox_serve.models.checkpoint import pick_device, pick_dtype
 from vox_serve.models.registry import BuildArgs
 from vox_serve.models.registry import build_program as build_model_program
@@ -79,11 +79,15 @@ def prepare_program(program: Program, config: VoxConfig) -> Program:
         num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, device=device,
     )
     sched = config.scheduler
+    frames_per_chunk = sched.detokenize_interval or program.meta.frames_per_chunk
+    if (sched.first_chunk_frames or 0) > frames_per_chunk:
+        raise ConfigError(f"--first-chunk-frames {sched.first_chunk_frames} exceeds the {frames_per_chunk} frames "
+                         f"of {program.meta.name}'s audio chunks (--detokenize-interval)")
     limits = EngineLimits(
         max_batch=sched.max_batch_size, max_prefill_tokens=sched.max_prefill_tokens,
         max_prefill_seqs=min(sched.max_prefill_seqs, sched.max_batch_size),
         max_codec_batch=sched.max_codec_batch,
-        frames_per_chunk=sched.detokenize_interval or program.meta.frames_per_chunk,
+        frames_per_chunk=frames_per_chunk, first_chunk_frames=sched.first_chunk_frames or 0,
         num_pages=num_pages, page_size=page_size, max_model_len=max_len,
         repetition_window=int(program.meta.default_sampling.get("repetition_window", 64)),
     )

@@ -16,7 +16,7 @@ import torch
 from vox_serve.rt.program import Program
 
 log = logging.getLogger(__name__)
-CAPTURED_STAGES = ("prefill", "decode", "codec")
+CAPTURED_STAGES = ("prefill", "decode", "codec", "codec_first")
 
 
 class StageGraphs:
@@ -37,6 +37,8 @@ class StageGraphs:
         prog = self.program
         if stage == "prefill":
             return lambda tokens: prog.prefill(tokens, prog.limits.max_prefill_seqs)
+        if stage == "codec_first":
+            return lambda batch: prog.codec(batch, first=True)
         return getattr(prog, stage)
 
     def capture(self, buckets: dict[str, list[int]], prepare: Callable[[str, int], None]) -> None:

@@ -61,6 +61,16 @@ class EngineLimits:
     max_model_len: int
     repetition_window: int = 64
     num_codec_slots: int = 0  # streaming-state slots of a stateful codec (0: twice max_batch)
+    first_chunk_frames: int = 0  # frames of a request's first audio chunk (0: frames_per_chunk)
+
+    @property
+    def first_frames(self) -> int:
+        return self.first_chunk_frames or self.frames_per_chunk
+
+    @property
+    def has_first_chunks(self) -> bool:
+        """Whether first chunks are smaller than the others (their own codec arenas and graphs)."""
+        return self.first_frames < self.frames_per_chunk
 
     @property
     def codec_slots(self) -> int:

@@ -111,6 +111,16 @@ class Program(ABC):
             "codec_in": Arena("codec_in", codec_in, dev),
             "codec_out": Arena("codec_out", codec_out, dev),
         }
+        if limits.has_first_chunks:  # first chunks are shorter: arenas (and graphs) of their own
+            first_in, first_out = codec_fields(limits.max_codec_batch, m.codec_window(limits.first_frames), m,
+                                               limits.first_frames)
+            self.arenas["codec_first_in"] = Arena("codec_first_in", first_in, dev)
+            self.arenas["codec_first_out"] = Arena("codec_first_out", first_out, dev)
+
+    def codec_arenas(self, first: bool) -> tuple[Arena, Arena]:
+        """(inputs, outputs) of the codec stage: the first-chunk pair or the regular one."""
+        prefix = "codec_first" if first else "codec"
+        return self.arenas[f"{prefix}_in"], self.arenas[f"{prefix}_out"]
 
     @abstractmethod
     def kv_geometry(self) -> tuple[int, int, int, int]:
@@ -130,8 +140,9 @@ class Program(ABC):
         """One decode step for the first `batch` rows of decode_in -> decode_out."""
 
     @abstractmethod
-    def codec(self, batch: int) -> None:
-        """Turn the first `batch` windows of codec_in into PCM in codec_out."""
+    def codec(self, batch: int, first: bool = False) -> None:
+        """Turn the first `batch` windows of codec_in into PCM in codec_out (`first`: of the first-chunk
+        arenas, whose windows are shorter; see `codec_arenas`)."""
 
     def release_codec_slot(self, slot: int) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Forget a stateful codec's state for `slot` (stateless codecs keep none)."""

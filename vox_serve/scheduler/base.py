@@ -49,7 +49,7 @@ class Scheduler:
         self.meta, self.limits, self.config, self.clock = meta, limits, config, clock
         self.pool = PagePool(limits.num_pages, limits.page_size)
         self.slots = SlotPool(limits.codec_slots) if meta.stateful_codec else None
-        self.geometry = ChunkGeometry.from_meta(meta, limits.frames_per_chunk)
+        self.geometry = ChunkGeometry.from_meta(meta, limits.frames_per_chunk, limits.first_chunk_frames)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted (holding pages), generating tokens

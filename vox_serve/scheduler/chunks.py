@@ -1,6 +1,8 @@
 """Which frames make audio chunk c, and when it can be decoded (pure Python).
 
-Chunk c emits frames [skip + c * N, skip + (c + 1) * N). Decoding it needs a window that reaches
+Chunk c emits frames [skip + c * N, skip + (c + 1) * N), except that a smaller first chunk of F
+frames (`--first-chunk-frames`, for a sooner first audio) shifts the later ones: chunk 0 emits
+[skip, skip + F) and chunk c >= 1 [skip + F + (c - 1) * N, skip + F + c * N). Decoding needs a window that reaches
 `lookback` frames before and `lookahead` frames after, so it is ready once
 `skip + (c + 1) * N + lookahead` frames exist. When generation has ended, a shorter final chunk
 emits what is left up to the last frame that still has its lookahead (as the published
@@ -34,11 +36,12 @@ class ChunkGeometry:
     lookahead: int
     skip: int
     codes_per_frame: int
+    first_frames: int = 0  # frames of chunk 0 (0: frames_per_chunk)
 
     @classmethod
-    def from_meta(cls, meta: ProgramMeta, frames_per_chunk: int) -> ChunkGeometry:
+    def from_meta(cls, meta: ProgramMeta, frames_per_chunk: int, first_frames: int = 0) -> ChunkGeometry:
         return cls(frames_per_chunk, meta.codec_lookback_frames, meta.codec_lookahead_frames,
-                   meta.skip_leading_frames, meta.codes_per_frame)
+                   meta.skip_leading_frames, meta.codes_per_frame, first_frames)
 
     @property
     def window(self) -> int:
@@ -46,8 +49,9 @@ class ChunkGeometry:
 
     def chunk(self, index: int, num_frames: int, final: bool) -> ChunkWindow | None:
         """Chunk `index` if it can be decoded with `num_frames` frames generated, else None."""
-        start = self.skip + index * self.frames_per_chunk
-        end = start + self.frames_per_chunk
+        first = self.first_frames or self.frames_per_chunk
+        start = self.skip + (0 if index == 0 else first + (index - 1) * self.frames_per_chunk)
+        end = start + (first if index == 0 else self.frames_per_chunk)
         if num_frames < end + self.lookahead:
             if not final:
                 return None

@@ -42,7 +42,7 @@ class _Samples:
 class StepHandle:
     plan: StepPlan
     lm: dict[str, _Samples] = field(default_factory=dict)  # "prefill" / "decode"
-    codec: tuple[list[CodecRow], torch.Tensor] | None = None  # rows, host pcm [n, samples]
+    codec: list[tuple[list[CodecRow], torch.Tensor]] = field(default_factory=list)  # (rows, host pcm [n, samples])
     timers: dict[str, tuple] = field(default_factory=dict)  # stage -> (start, end) events or seconds
     done: torch.cuda.Event | None = None
 
@@ -70,6 +70,8 @@ class ProgramWorker:
                 buckets = {"decode": self.decode_buckets, "codec": self.codec_buckets}
                 if program.attention.prefill_graphs:
                     buckets["prefill"] = self.prefill_buckets
+                if program.limits.has_first_chunks:
+                    buckets["codec_first"] = self.codec_buckets
                 self.graphs.capture(buckets, self._prepare_capture)
 
     def _warm_up_prefill(self) -> None:
@@ -122,6 +124,8 @@ class ProgramWorker:
         with nvtx_range(f"{stage}[{bucket}]", self.nvtx):
             if self.graphs is not None and self.graphs.has(stage, bucket):
                 self.graphs.replay(stage, bucket)
+            elif stage == "codec_first":
+                self.program.codec(bucket, first=True)
             else:
                 getattr(self.program, stage)(bucket, *args)
         if self.on_cuda:
@@ -159,11 +163,10 @@ class ProgramWorker:
         result = StepResult(handle.plan.step_id)
         for stage, samples in handle.lm.items():
             setattr(result, stage, self._lm_outs(samples))
-        if handle.codec is not None:
-            rows, pcm = handle.codec
-            spf = self.program.meta.samples_per_frame
-            result.codec = [CodecOut(r.req_id, r.chunk_index, pcm[i, : r.num_frames * spf].numpy().tobytes())
-                            for i, r in enumerate(rows)]
+        spf = self.program.meta.samples_per_frame
+        for rows, pcm in handle.codec:
+            result.codec += [CodecOut(r.req_id, r.chunk_index, pcm[i, : r.num_frames * spf].numpy().tobytes())
+                             for i, r in enumerate(rows)]
         for stage, (start, end) in handle.timers.items():
             result.stage_seconds[stage] = start.elapsed_time(end) / 1000 if self.on_cuda else end - start
         return result
@@ -364,11 +367,20 @@ class ProgramWorker:
 
     # ---- codec ---------------------------------------------------------------------------
     def _run_codec(self, handle: StepHandle, rows: list[CodecRow]) -> None:
+        """One codec launch, or two when smaller first chunks (their own arenas) are in the step."""
+        lim = self.program.limits
+        if len(rows) > lim.max_codec_batch:
+            raise ValueError(f"{len(rows)} codec rows exceed --max-codec-batch {lim.max_codec_batch}")
+        first = [r for r in rows if r.chunk_index == 0] if lim.has_first_chunks else []
+        rest = [r for r in rows if r.chunk_index != 0] if first else rows
+        for stage, group in (("codec_first", first), ("codec", rest)):
+            if group:
+                self._run_codec_launch(handle, stage, group)
+
+    def _run_codec_launch(self, handle: StepHandle, stage: str, rows: list[CodecRow]) -> None:
         prog = self.program
-        h = self._host_arena("codec_in")
+        h = self._host_arena(f"{stage}_in")
         n = len(rows)
-        if n > prog.limits.max_codec_batch:
-            raise ValueError(f"{n} codec rows exceed --max-codec-batch {prog.limits.max_codec_batch}")
         bucket = pick_bucket(n, self.codec_buckets)
         window = h["codes"].shape[1]
         codes = h["codes"].numpy()
@@ -380,10 +392,10 @@ class ProgramWorker:
             view = h[name].numpy()
             view[:n] = [get(r) for r in rows]
             view[n:bucket] = pad
-        prog.arenas["codec_in"].upload()
-        self._mark_uploaded("codec_in")
-        self._launch("codec", bucket)
-        handle.codec = rows, prog.arenas["codec_out"].snapshot()[1]["pcm"][:n]
+        prog.arenas[f"{stage}_in"].upload()
+        self._mark_uploaded(f"{stage}_in")
+        self._launch(stage, bucket)
+        handle.codec.append((rows, prog.arenas[f"{stage}_out"].snapshot()[1]["pcm"][:n]))
 
 
 def startup_report(program: Program, worker: ProgramWorker) -> str:
