@@ -48,7 +48,9 @@ if triton is not None:
     def _mix_word(key, word):
         return _fmix32((key ^ word) * 0x9E3779B9 ^ 0x7F4A7C15)
 
-    @triton.jit
+    # Sizes and strides are not specialised on (Triton would compile a variant per divisibility class):
+    # one compiled kernel per dtype, built while the stages are warmed up and captured at start-up.
+    @triton.jit(do_not_specialize=["total", "n", "salt"])
     def _hash_uniform_kernel(seed_ptr, offset_ptr, out_ptr, total, n, salt, BLOCK: tl.constexpr):
         i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = i < total
@@ -66,7 +68,7 @@ if triton is not None:
         u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
         tl.store(out_ptr + i, u, mask=mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["total", "channels", "length"])
     def _snake_kernel(x_ptr, alpha_ptr, scale_ptr, out_ptr, total, channels, length, BLOCK: tl.constexpr):
         i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = i < total
@@ -78,7 +80,7 @@ if triton is not None:
         y = x + scale * s * s
         tl.store(out_ptr + i, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["heads", "stride_t", "stride_h", "table_stride"])
     def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, pos_ptr, heads, stride_t, stride_h, table_stride,
                      HALF: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
