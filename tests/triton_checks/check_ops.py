@@ -39,6 +39,17 @@ def check_rope() -> None:
     assert (triton_ops.rope(k, rope.cos, rope.sin, positions) - ref_k).abs().max() < 1e-5
 
 
+def check_depthwise() -> None:
+    gen = torch.Generator().manual_seed(2)
+    for dilation, padding, bias in ((1, 3, True), (3, 9, True), (9, 0, False)):
+        conv = torch.nn.Conv1d(5, 5, 7, dilation=dilation, padding=padding, groups=5, bias=bias)
+        x = torch.randn(2, 5, 300, generator=gen)
+        with torch.no_grad():
+            ref = conv(x)
+            got = triton_ops.depthwise_conv1d(x, conv.weight, conv.bias, dilation, padding)
+        assert got.shape == ref.shape and (got - ref).abs().max() < 1e-5, (dilation, (got - ref).abs().max())
+
+
 if __name__ == "__main__":
     globals()[f"check_{sys.argv[1]}"]()
     print("ok")

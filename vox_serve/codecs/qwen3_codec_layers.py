@@ -43,7 +43,7 @@ class CausalConv(StatefulLayer):
         if self.context_len:
             x = torch.cat([states[self.state_id], x], dim=-1)
             states[self.state_id] = x[..., -self.context_len:]
-        return self.conv(x)
+        return triton_ops.conv1d(self.conv, x)
 
 
 class CausalUpConv(StatefulLayer):

@@ -108,7 +108,8 @@ class _ResUnit(nn.Module):
             _Snake(dim), nn.Conv1d(dim, dim, 1))
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + self.block(x)
+        snake, conv, snake2, proj = self.block
+        return x + proj(snake2(triton_ops.conv1d(conv, snake(x))))
 
 
 class _Noise(nn.Module):
