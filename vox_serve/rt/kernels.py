@@ -225,6 +225,11 @@ def sample(
     row its own seed or offset (e.g. ``offset = step * C + codebook``) so codebooks draw
     independent numbers.
     """
+    if triton_ops.enabled(logits) and logits.shape[-1] <= triton_ops.MAX_SAMPLE_VOCAB:
+        # One fused kernel for the filters and the draw (~40 small kernels here).
+        x = logits if history is None else apply_repetition_penalty(logits, history, params.repetition_penalty)
+        return triton_ops.sample(x, allowed, params.temperature, params.top_k, params.top_p, params.min_p,
+                                 params.seed, params.offset, _SALT_UNIFORM)
     probs = probs_after_filters(logits, params, history, allowed)
     uniform = hash_uniform(params.seed, params.offset, probs.shape[-1])
     # Filtered tokens have p = 0 and E is finite and positive, so they can never win.

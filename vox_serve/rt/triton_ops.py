@@ -8,7 +8,8 @@ of such ops with one pass:
   bit-identical (uint32 arithmetic wraps exactly like the reference's masked int64 arithmetic);
 - `snake`: the codecs' Snake activation `x + scale sin(alpha x)^2` (5 passes over the activations) -> 1;
 - `rope`: rotate-half rotary embedding of q or k from the cos/sin tables (~8 ops) -> 1;
-- `depthwise_conv1d`: the codecs' depthwise convolutions (PyTorch's generic kernel was slow) -> 1.
+- `depthwise_conv1d`: the codecs' depthwise convolutions (PyTorch's generic kernel was slow) -> 1;
+- `sample`: the sampling filters (temperature, top-k, top-p, min-p) and the draw (~40 ops) -> 1.
 
 Used only for CUDA tensors when Triton imports (`enabled(t)`); everything else runs the reference.
 Tests run these kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
@@ -26,6 +27,7 @@ except Exception:  # noqa: BLE001 - no Triton (CPU-only installs): the reference
     triton = None
 
 _BLOCK = 1024
+MAX_SAMPLE_VOCAB = 8192  # the fused sampler sorts a row in one program (ids fit 13 bits of its sort key)
 
 
 def enabled(t: Tensor) -> bool:
@@ -116,6 +118,59 @@ if triton is not None:
         tl.store(out_ptr + row * length_out + t, acc.to(out_ptr.dtype.element_ty), mask=inside)
 
 
+    @triton.jit
+    def _hash_key(seed, offset, salt):
+        """The per-(seed, offset) key of `_hash_uniform_kernel`, for scalars."""
+        key = (tl.zeros([1], dtype=tl.int64) + salt).to(tl.uint32)
+        key = _mix_word(key, (seed & 0xFFFFFFFF).to(tl.uint32))
+        key = _mix_word(key, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+        key = _mix_word(key, (offset & 0xFFFFFFFF).to(tl.uint32))
+        return _mix_word(key, ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32))
+
+    @triton.jit(do_not_specialize=["vocab", "salt"])
+    def _sample_kernel(logits_ptr, allowed_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, offset_ptr,
+                       out_ptr, vocab, salt, HAS_ALLOWED: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        col = tl.arange(0, BLOCK)
+        valid = col < vocab
+        x = tl.load(logits_ptr + row * vocab + col, mask=valid, other=float("-inf")).to(tl.float32)
+        if HAS_ALLOWED:
+            ok = tl.load(allowed_ptr + row * vocab + col, mask=valid, other=0)
+            x = tl.where(ok != 0, x, float("-inf"))
+        temperature = tl.load(temp_ptr + row)
+        greedy = temperature <= 0.0
+        z = x / tl.where(greedy, 1.0, temperature)
+        # Sort by value, descending, ties by ascending id (the reference's stable sort): one int64 key per
+        # token, the order-preserving float bits inverted above the id's 13 bits (vocabularies <= 8192).
+        bits = z.to(tl.uint32, bitcast=True)
+        order = tl.where((bits & 0x80000000) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+        keys = tl.sort((order ^ 0xFFFFFFFF).to(tl.int64) * 8192 + col.to(tl.int64))
+        ids = (keys % 8192).to(tl.int32)
+        order = (keys // 8192).to(tl.uint32) ^ 0xFFFFFFFF
+        sorted_bits = tl.where((order & 0x80000000) != 0, order & 0x7FFFFFFF, order ^ 0xFFFFFFFF)
+        sorted_z = sorted_bits.to(tl.float32, bitcast=True)
+        e = tl.exp(sorted_z - tl.max(sorted_z, axis=0))
+        probs = e / tl.sum(e, axis=0)
+        top_k = tl.load(top_k_ptr + row)
+        top_p = tl.load(top_p_ptr + row)
+        keep = col < tl.where(top_k <= 0, BLOCK, top_k)
+        mass_k = tl.sum(tl.where(keep, probs, 0.0), axis=0)
+        mass_before = tl.cumsum(probs, axis=0) - probs
+        keep = keep & (mass_before < tl.where(top_p >= 1.0, float("inf"), top_p * mass_k))
+        keep = keep & (probs >= tl.load(min_p_ptr + row) * tl.max(probs, axis=0))
+        keep = tl.where(greedy, col == 0, keep | (col == 0))
+        kept = tl.where(keep, probs, 0.0)
+        kept = kept / tl.sum(kept, axis=0)
+        key = _hash_key(tl.load(seed_ptr + row), tl.load(offset_ptr + row), salt)
+        h = _fmix32(key + ids.to(tl.uint32) * 0x9E3779B9)
+        u = ((_fmix32(h ^ key) >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+        score = kept / -tl.log(u)
+        best = tl.max(score, axis=0)
+        # Among equal scores the lowest id wins, as the reference's argmax over ids does.
+        winner = tl.min(tl.where(score == best, ids, 2147483647), axis=0)
+        tl.store(out_ptr + row, winner.to(tl.int64))
+
+
 def _grid(total: int) -> tuple[int]:
     return (triton.cdiv(total, _BLOCK),)
 
@@ -181,3 +236,22 @@ def conv1d(conv: torch.nn.Conv1d, x: Tensor) -> Tensor:
     if depthwise and enabled(x) and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros":
         return depthwise_conv1d(x, conv.weight, conv.bias, conv.dilation[0], conv.padding[0])
     return conv(x)
+
+
+def sample(logits: Tensor, allowed: Tensor | None, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor,
+           seed: Tensor, offset: Tensor, salt: int) -> Tensor:
+    """`rt.kernels.sample` after its repetition penalty, one program per row: logits [N, V] (V <= 8192)
+    -> [N] int64. The same filters and exponential race over the same hash uniforms; probabilities
+    may differ from the reference's in the last bits (exp), so near-tied draws can differ."""
+    rows, vocab = logits.shape
+    if vocab > MAX_SAMPLE_VOCAB:
+        raise ValueError(f"the fused sampler takes vocabularies up to {MAX_SAMPLE_VOCAB} ids, not {vocab}")
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if rows:
+        block = triton.next_power_of_2(vocab)
+        _sample_kernel[(rows,)](
+            logits.float().contiguous(), allowed.contiguous() if allowed is not None else logits,
+            temperature.float().contiguous(), top_k.to(torch.int64).contiguous(), top_p.float().contiguous(),
+            min_p.float().contiguous(), seed.to(torch.int64).contiguous(), offset.to(torch.int64).contiguous(),
+            out, vocab, salt, HAS_ALLOWED=allowed is not None, BLOCK=block, num_warps=8 if block >= 4096 else 4)
+    return out
