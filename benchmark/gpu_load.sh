@@ -12,6 +12,7 @@ SERVER=(python3 -m vox_serve.launch --model "$MODEL" --load-format dummy --devic
 SERVER_PID=$!
 for _ in $(seq 1 240); do
   curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
+  kill -0 "$SERVER_PID" 2>/dev/null || { echo "server exited:"; tail -5 "$OUT/${NAME}_server.log"; exit 1; }
   sleep 1
 done
 grep -E "weights|KV cache" "$OUT/${NAME}_server.log" | tail -1 | cut -c1-300
