@@ -15,11 +15,14 @@ bench1() {  # model max_tokens extra...: one request in bench mode (no HTTP), TT
     --bench-kwargs "{\"max_tokens\": $tokens, \"ignore_eos\": true}" "$@" > "$OUT/bench1_$model.txt" 2>&1
   echo "bench 1 x $model $*: $(grep -E '^bench-000' "$OUT/bench1_$model.txt")"
 }
-bench1 orpheus 1024
-bench1 qwen3-tts 128 ${QWEN_EXTRA:-}
-echo "== orpheus"
-MODEL=orpheus MAX_TOKENS=1024 RATES=${ORPHEUS_RATES:-8,12,16} NUM_REQUESTS=${ORPHEUS_N:-120} OFFLINE=256 \
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  bench1 orpheus 1024
+  bench1 qwen3-tts 128 ${QWEN_EXTRA:-}
+fi
+[ "${SKIP_ORPHEUS:-0}" != 1 ] && echo "== orpheus" && MODEL=orpheus MAX_TOKENS=1024 RATES=${ORPHEUS_RATES:-8,12,16} NUM_REQUESTS=${ORPHEUS_N:-120} OFFLINE=256 \
   SERVER_EXTRA="--async-scheduling ${ORPHEUS_EXTRA:-}" bash benchmark/gpu_load.sh
 echo "== qwen3-tts"
 MODEL=qwen3-tts MAX_TOKENS=128 RATES=${QWEN_RATES:-10,20,40} NUM_REQUESTS=${QWEN_N:-160} OFFLINE=256 PORT=8001 \
   SERVER_EXTRA="--async-scheduling ${QWEN_EXTRA:-}" bash benchmark/gpu_load.sh
+# At most a few files come back from the device machine: the JSON results travel as one archive.
+(cd "$OUT" && tar czf results.tgz ./*.json ./*.log ./*.txt 2>/dev/null && ls -la results.tgz)
