@@ -152,3 +152,16 @@ class StreamingDriver:
 
     def _record(self) -> None:
         self.reqs.update(self.scheduler.requests)
+
+
+def count_preemptions(monkeypatch) -> list[str]:  # noqa: ANN001
+    """The ids of requests the scheduler preempts from now on (appended as it happens)."""
+    preempted: list[str] = []
+    real = Scheduler._preempt
+
+    def counting(self, req) -> None:  # noqa: ANN001
+        preempted.append(req.req_id)
+        real(self, req)
+
+    monkeypatch.setattr(Scheduler, "_preempt", counting)
+    return preempted

@@ -62,9 +62,10 @@ class Bench:
             self.scheduler.update(plan, self.worker.execute(plan))
         return plan
 
-    def run(self, max_steps: int = 10_000) -> None:
+    def run(self, max_steps: int = 10_000, until=None) -> None:  # noqa: ANN001
+        """Step (advancing the virtual clock over idle waits) until no work is left, or `until()` holds."""
         for _ in range(max_steps):
-            if not self.scheduler.has_work():
+            if not self.scheduler.has_work() if until is None else until():
                 return
             if self.step().is_empty:
                 wake = self.scheduler.next_wakeup()

@@ -19,6 +19,7 @@ import pytest
 import torch
 from qwen3_tts_helpers import (
     case_fields,
+    count_preemptions,
     make_program,
     require_reference,
     run_reference,
@@ -30,7 +31,6 @@ from qwen3_tts_helpers import (
 from vox_serve.models.qwen2_tokenizer import load_qwen2_tokenizer, save_tokenizer_files, tiny_qwen2_tokenizer
 from vox_serve.models.qwen3_tts_loader import QWEN3_TTS_TINY_CONFIG
 from vox_serve.models.qwen3_tts_prompt import PromptIds, build_prompt
-from vox_serve.scheduler.base import Scheduler
 
 FRAMES = 40  # frames per request; the reference runs max_new_tokens = FRAMES + 1
 PROMPTS = [
@@ -106,14 +106,7 @@ def test_greedy_codes_match_reference(checkpoints, reference, group: str) -> Non
 def test_codes_match_with_async_scheduling_and_preemption(checkpoints, reference, monkeypatch) -> None:
     """Pending inputs (patched into the leading input columns on the device) and preempted requests
     re-prefilling their generated frames (rows padded with absent ids: text = tts_pad) give the same codes."""
-    preempted = []
-    real = Scheduler._preempt
-
-    def counting(self, req):
-        preempted.append(req.req_id)
-        real(self, req)
-
-    monkeypatch.setattr(Scheduler, "_preempt", counting)
+    preempted = count_preemptions(monkeypatch)
     program, config = make_program(checkpoints["custom"], max_num_pages=14)
     reqs, _ = run_requests(program, config, [case_fields(p, FRAMES) for p in PROMPTS], async_scheduling=True)
     assert preempted, "the small KV pool should have forced a preemption"

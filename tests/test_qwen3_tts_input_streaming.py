@@ -17,6 +17,7 @@ import torch
 from qwen3_tts_helpers import (
     StreamingDriver,
     case_fields,
+    count_preemptions,
     make_program,
     require_reference,
     run_reference,
@@ -25,7 +26,6 @@ from qwen3_tts_helpers import (
 )
 
 from vox_serve import ipc
-from vox_serve.scheduler.base import Scheduler
 
 FRAMES = 48  # longer than every text here: frames past the text get tts_eos, then tts_pad
 CASES = [
@@ -153,14 +153,7 @@ def test_preempted_streaming_requests_recompute_their_text_and_give_the_same_cod
                                                                                    monkeypatch) -> None:
     """A KV pool too small for both requests: preempted ones re-prefill their generated frames with the
     text ids those frames were fed (asynchronous scheduling, text in pieces with a dry pause)."""
-    preempted = []
-    real = Scheduler._preempt
-
-    def counting(self, req):
-        preempted.append(req.req_id)
-        real(self, req)
-
-    monkeypatch.setattr(Scheduler, "_preempt", counting)
+    preempted = count_preemptions(monkeypatch)
     program, config = make_program(checkpoints["custom_voice"], max_num_pages=7)
     driver = StreamingDriver(program, config, async_scheduling=True)
     for i in (0, 1):

@@ -37,14 +37,7 @@ def more_text(b: Bench, req: Request, num_ids: int, ended: bool = False) -> None
 
 
 def run_until(b: Bench, done, max_steps: int = 2000) -> None:  # noqa: ANN001
-    for _ in range(max_steps):
-        if done():
-            return
-        if b.step().is_empty:
-            wake = b.scheduler.next_wakeup()
-            assert wake is not None, "nothing to run and nothing to wait for"
-            b.clock.advance_to(wake)
-    raise AssertionError("condition not reached")
+    b.run(max_steps, until=done)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
