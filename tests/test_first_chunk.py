@@ -8,7 +8,7 @@ from orpheus_helpers import run_requests
 
 from vox_serve.cli import CliError, build_config, check_flags, given_flags
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
-from vox_serve.rt.engine import build_program
+from vox_serve.rt.engine import build_engine, build_program
 from vox_serve.scheduler.chunks import ChunkGeometry
 
 SAMPLES_PER_FRAME = 1920
@@ -68,3 +68,16 @@ def test_first_chunk_frames_is_validated() -> None:
                                        "--max-num-pages", "16"]), "python", False)
     with pytest.raises(ValueError, match="exceeds the 10 frames"):
         build_program(build_config(kept, "python"))
+
+
+def test_the_engine_spec_publishes_the_first_chunk_stage() -> None:
+    kept, _ = check_flags(given_flags(["--model", "qwen3-tts-tiny", "--device", "cpu", "--first-chunk-frames", "2",
+                                       "--max-num-pages", "16"]), "python", False)
+    spec = build_engine(build_config(kept, "python"))
+    stage = spec["stages"]["codec_first"]
+    assert stage["frames"] == 2 and stage["inputs"] in spec["arenas"] and stage["outputs"] in spec["arenas"]
+    pcm = spec["arenas"][stage["outputs"]]["fields"][0]
+    assert pcm["name"] == "pcm" and pcm["shape"][1] == 2 * SAMPLES_PER_FRAME
+    plain, _ = check_flags(given_flags(["--model", "qwen3-tts-tiny", "--device", "cpu", "--max-num-pages", "16"]),
+                           "python", False)
+    assert "codec_first" not in build_engine(build_config(plain, "python"))["stages"]

@@ -121,6 +121,9 @@ def engine_spec(program: Program, engine_id: int | None = None) -> dict[str, Any
                        "outputs": "decode_out", "graphs": {}},
             "codec": {"buckets": bucket_sizes(lim.max_codec_batch), "inputs": "codec_in",
                       "outputs": "codec_out", "graphs": {}},
+            **({"codec_first": {"buckets": bucket_sizes(lim.max_codec_batch), "inputs": "codec_first_in",
+                                "outputs": "codec_first_out", "frames": lim.first_frames, "graphs": {}}}
+               if lim.has_first_chunks else {}),
         },
         "memory": {"weights_bytes": program.weights_bytes(), "kv_bytes": att.memory_bytes()},
     }
