@@ -8,14 +8,17 @@ that need it skip, unless VOX_REQUIRE_QWEN_REF=1, which turns the skip into a fa
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import orpheus_helpers
 import pytest
+import soundfile
 import torch
 
 from vox_serve import ipc
@@ -32,6 +35,7 @@ from vox_serve.worker.program_worker import ProgramWorker
 ROOT = Path(__file__).resolve().parents[1]
 REF_PYTHON = Path(os.environ.get("QWEN_REF_PYTHON", ROOT / ".venv-qwen" / "bin" / "python"))
 REF_SCRIPT = Path(__file__).parent / "qwen_ref" / "talker_ref.py"
+CLONE_SCRIPT = Path(__file__).parent / "qwen_ref" / "clone_ref.py"  # the Base model's reference
 
 
 def require_reference(package: str = "qwen_tts") -> Path:
@@ -82,6 +86,24 @@ def voice_design_copy(ckpt: Path, path: Path) -> Path:
     return path
 
 
+def reference_wavs(rate: int = 24000) -> dict[str, bytes]:
+    """Voice-clone reference clips as PCM16 WAV (24 kHz: no resampling): lengths on and off the
+    1920-sample frame grid."""
+    rng = np.random.default_rng(7)
+    t = np.arange(int(2.3 * rate)) / rate
+    clips = {
+        "sine": 0.4 * np.sin(2 * np.pi * 220 * t) + 0.1 * rng.standard_normal(t.size),
+        "noise": rng.uniform(-0.5, 0.5, 3 * rate),  # exactly 37.5 frames: not a whole number
+        "chirp": 0.6 * np.sin(2 * np.pi * (100 + 400 * t[: int(1.5 * rate)]) * t[: int(1.5 * rate)]),
+    }
+    out = {}
+    for name, x in clips.items():
+        buf = io.BytesIO()
+        soundfile.write(buf, x.astype(np.float32), rate, subtype="PCM_16", format="WAV")
+        out[name] = buf.getvalue()
+    return out
+
+
 def make_program(ckpt: Path, eos_scale: float = 1.0, max_num_pages: int = 128, frames_per_chunk: int | None = None,
                  max_batch: int = 8):
     program = load_qwen3_tts(str(ckpt), "auto", torch.device("cpu"), torch.float32, seed=0, max_model_len=512)
@@ -124,8 +146,8 @@ class StreamingDriver:
         self.scheduler = scheduler
         self.reqs: dict = {}  # req_id -> Request, once started
 
-    def start(self, req_id: str, fields: dict) -> None:
-        self.service.handle(ipc.Submit(req_id, fields, 0, input_streaming=True))
+    def start(self, req_id: str, fields: dict, audio: bytes = b"") -> None:
+        self.service.handle(ipc.Submit(req_id, fields, 0, input_streaming=True, audio=audio))
 
     def text(self, req_id: str, piece: str) -> None:
         self.service.handle(ipc.AppendText(req_id, piece))

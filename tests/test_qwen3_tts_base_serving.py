@@ -1,5 +1,6 @@
 """Qwen3-TTS Base (voice cloning) without the reference: the tiny registry model served through the engine
-and over HTTP with an uploaded reference clip, bad inputs, names, and the encoders at the published shapes."""
+and over HTTP with an uploaded reference clip (input streaming too), bad inputs, names, and the encoders at
+the published shapes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from http_harness import Server, running_server
+from http_harness import Server, parse_wav, running_server, wait_until
 from qwen3_tts_helpers import run_requests
 
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
@@ -142,3 +143,33 @@ def test_http_clone_without_reference_audio_is_a_422_naming_the_field(server: Se
 def test_http_unreadable_upload_is_a_422(server: Server) -> None:
     response = server.client.post("/generate", data={"text": "Hi."}, files={"audio": ("x.wav", b"garbage" * 100)})
     assert response.status_code == 422 and response.json()["error"]["field"] == "audio"
+
+
+def stream_session(server: Server, pieces: list[str]) -> bytes:
+    """An x-vector-only clone streamed over HTTP: the clip uploaded with the session's start (multipart)."""
+    form = {"text": pieces[0], "language": "english", "max_tokens": "6", "ignore_eos": "true"}
+    response = server.client.post("/generate/stream/start", data=form, files={"audio": ("ref.wav", clip())})
+    assert response.status_code == 200, response.text
+    session = response.json()["id"]
+    for piece in pieces[1:]:
+        assert server.client.post(f"/generate/stream/{session}/text", json={"text": piece}).status_code == 200
+    assert server.client.post(f"/generate/stream/{session}/end").status_code == 200
+    response = server.client.get(f"/generate/stream/{session}/audio")
+    assert response.status_code == 200, response.text
+    return parse_wav(response.content).pcm
+
+
+def test_http_input_streaming_clones_from_the_speaker_embedding(server: Server) -> None:
+    assert server.client.get("/info").json()["supports_input_streaming"] is True
+    pcm = stream_session(server, ["Hello th", "ere, in the voi", "ce of the clip."])
+    assert len(pcm) == 6 * 1920 * 2
+    assert stream_session(server, ["Hello there, in the voice of the clip."]) == pcm  # --greedy
+    wait_until(server.pools_full, 10.0)
+
+
+def test_http_in_context_input_streaming_is_a_422_naming_ref_text(server: Server) -> None:
+    body = {"text": "Hello.", "audio": base64.b64encode(clip()).decode(), "ref_text": "A clip."}
+    response = server.client.post("/generate/stream/start", json=body)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["field"] == "ref_text" and "x_vector_only_mode" in error["message"]

@@ -12,39 +12,24 @@ prompt embeddings (to float32 rounding) and the generated codes (identical) in b
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-import soundfile
 import torch
-from qwen3_tts_helpers import make_program, require_reference, run_reference, run_requests, write_tiny_checkpoint
+from qwen3_tts_helpers import (
+    CLONE_SCRIPT,
+    make_program,
+    reference_wavs,
+    require_reference,
+    run_reference,
+    run_requests,
+    write_tiny_checkpoint,
+)
 
 from vox_serve.models.qwen3_tts_loader import QWEN3_TTS_TINY_BASE_CONFIG
 
 FRAMES = 24  # frames per request; the reference runs max_new_tokens = FRAMES + 1
-CLONE_SCRIPT = Path(__file__).parent / "qwen_ref" / "clone_ref.py"
-RATE = 24000
-
-
-def reference_wavs() -> dict[str, bytes]:
-    """Reference clips at 24 kHz as PCM16 WAV: lengths on and off the 1920-sample frame grid."""
-    rng = np.random.default_rng(7)
-    t = np.arange(int(2.3 * RATE)) / RATE
-    clips = {
-        "sine": 0.4 * np.sin(2 * np.pi * 220 * t) + 0.1 * rng.standard_normal(t.size),
-        "noise": rng.uniform(-0.5, 0.5, 3 * RATE),  # exactly 37.5 frames: not a whole number
-        "chirp": 0.6 * np.sin(2 * np.pi * (100 + 400 * t[: int(1.5 * RATE)]) * t[: int(1.5 * RATE)]),
-    }
-    out = {}
-    for name, x in clips.items():
-        buf = io.BytesIO()
-        soundfile.write(buf, x.astype(np.float32), RATE, subtype="PCM_16", format="WAV")
-        out[name] = buf.getvalue()
-    return out
-
 
 # Our request fields per case; the reference's x_vector_only_mode is spelled out (it defaults to ICL).
 CASES = [

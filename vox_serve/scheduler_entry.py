@@ -98,6 +98,12 @@ class SchedulerService:
             self._reply_failed(msg.req_id, ipc.ErrorCode.QUEUE_FULL,
                                f"the replica is at capacity: {len(self.sessions)} sessions are open")
             return
+        if self.streamer is not None:
+            try:
+                self.streamer.check_streaming_fields({**msg.fields, "audio": msg.audio})
+            except FieldError as exc:
+                self._reply_failed(msg.req_id, ipc.ErrorCode.INVALID_FIELD, str(exc), exc.field)
+                return
         self.sessions[msg.req_id] = InputSession(dict(msg.fields), msg.default_seed, msg.audio)
         self.send(ipc.Started(msg.req_id, 0))
 

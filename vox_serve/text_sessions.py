@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from vox_serve.request import EmbeddedPrompt
+
 
 class TextStreaming(Protocol):
     """What a program with incremental input streaming provides (the Qwen3-TTS program, for one)."""
@@ -24,8 +26,13 @@ class TextStreaming(Protocol):
         previous call's `end`) that more text cannot change, and where in `text` they end; once
         `ended`, all of them and the model's end-of-text id."""
 
-    def preprocess_streaming(self, fields: dict[str, Any], prompt_text_ids: list[int]) -> list[list[int]]:
-        """The prompt rows of an input-streaming request; raises ValueError like `preprocess`."""
+    def check_streaming_fields(self, fields: dict[str, Any]) -> None:
+        """Raises FieldError for fields the model takes, but not with input streaming (checked when the
+        session opens, so that its start is refused rather than its audio)."""
+
+    def preprocess_streaming(self, fields: dict[str, Any], prompt_text_ids: list[int]
+                             ) -> list[list[int]] | EmbeddedPrompt:
+        """The prompt of an input-streaming request; raises ValueError like `preprocess`."""
 
 
 @dataclass

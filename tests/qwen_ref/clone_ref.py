@@ -4,7 +4,8 @@
 usage: clone_ref.py clone CASES_JSON OUT_DIR
 
 Per case: `create_voice_clone_prompt` (the speaker encoder, and for in-context cloning the 12 Hz codec's
-`encode`), then a greedy `generate_voice_clone` with that prompt (non_streaming_mode=True).
+`encode`), then a greedy `generate_voice_clone` with that prompt (the case's "non_streaming_mode", default
+True).
 
 A case names its checkpoint ("ckpt", a Base checkpoint written by talker_ref.py build), the text, the
 language, the reference audio ("ref_audio", a WAV file read as the reference's own loader does), its
@@ -54,7 +55,8 @@ def clone(cases_path: str, out_dir: str) -> None:
                                               x_vector_only_mode=case["x_vector_only_mode"])
         with torch.no_grad():
             tts.generate_voice_clone(
-                text=case["text"], language=case.get("language"), voice_clone_prompt=items, non_streaming_mode=True,
+                text=case["text"], language=case.get("language"), voice_clone_prompt=items,
+                non_streaming_mode=case.get("non_streaming_mode", True),
                 do_sample=False, subtalker_dosample=False, max_new_tokens=case["max_new_tokens"],
                 repetition_penalty=case.get("repetition_penalty", 1.05))
         call = recorder.calls[-1]

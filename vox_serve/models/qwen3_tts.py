@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from vox_serve.codecs.qwen3_codec import Qwen3CodecDecoder, Qwen3CodecSlots
-from vox_serve.models.qwen3_tts_clone import CLONE_FIELDS, VoiceCloner
+from vox_serve.models.qwen3_tts_clone import CLONE_FIELDS, VoiceCloner, check_streaming_fields
 from vox_serve.models.qwen3_tts_layers import CodePredictor, Talker
 from vox_serve.models.qwen3_tts_prompt import PromptIds, build_prompt
 from vox_serve.models.qwen3_tts_stream import PROMPT_TEXT_IDS, stable_text_ids, streaming_prompt
@@ -67,9 +67,8 @@ def qwen3_tts_meta(name: str, ids: PromptIds, max_model_len: int, hidden_size: i
         default_sampling=dict(DEFAULT_SAMPLING), accepted_fields=accepted, voices=voices,
         default_voice=voices[0] if voices else None, languages=ids.supported_languages, stateful_codec=True,
         prompt_embed_dim=hidden_size if clones else 0,
-        # Input streaming covers the named-voice and designed-voice prompts; a cloned voice's streaming
-        # prompt (reference frames interleaved with streamed text) is not built yet.
-        supports_input_streaming=not clones, streamed_text_column=None if clones else g,
+        # A cloned voice streams its text in x-vector-only mode only (qwen3_tts_clone.check_streaming_fields).
+        supports_input_streaming=True, streamed_text_column=g,
         extra={"model_type": ids.model_type, "takes_instruct": ids.takes_instruct,
                "input_layout": f"columns 0..{g - 1}: code groups (-1 absent); column {g}: text id (-1: tts_pad)"},
     )
@@ -117,7 +116,14 @@ class Qwen3TTSProgram(Program):
     def stable_text_ids(self, text: str, start: int, ended: bool) -> tuple[list[int], int]:
         return stable_text_ids(self.tokenizer, text, start, ended, self.ids.tts_eos)
 
-    def preprocess_streaming(self, fields: dict[str, Any], prompt_text_ids: list[int]) -> list[list[int]]:
+    def check_streaming_fields(self, fields: dict[str, Any]) -> None:
+        if self.cloner is not None:
+            check_streaming_fields(fields)
+
+    def preprocess_streaming(self, fields: dict[str, Any], prompt_text_ids: list[int]
+                             ) -> list[list[int]] | EmbeddedPrompt:
+        if self.cloner is not None:
+            return self.cloner.streaming_prompt(self.tokenizer, self.ids, fields, prompt_text_ids[0])
         voice = fields.get("voice") or self.meta.default_voice
         return streaming_prompt(self.tokenizer, self.ids, prompt_text_ids[0], voice, fields.get("language"),
                                 fields.get("instruct"))

@@ -10,7 +10,7 @@ the mode follows from whether `ref_text` is given. Audio at another rate is resa
 24 kHz (the reference uses librosa's resampler; ours is a windowed sinc, so only 24 kHz uploads give
 bit-identical prompts). The reference decodes an in-context clone's audio after the reference frames and
 cuts their audio off; we stream it from a fresh codec state (the codes are the same, the first moments
-of audio can differ).
+of audio can differ). Input streaming clones in x-vector-only mode (see `check_streaming_fields`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from vox_serve.codecs.qwen3_codec_encoder import CodecEncoderConfig, Qwen3CodecE
 from vox_serve.models.checkpoint import CheckpointError, init_random
 from vox_serve.models.qwen3_speaker_encoder import SAMPLE_RATE, SpeakerEncoder, SpeakerEncoderConfig
 from vox_serve.models.qwen3_tts_prompt import PromptIds, build_clone_prompt
+from vox_serve.models.qwen3_tts_stream import clone_streaming_prompt
 from vox_serve.request import EmbeddedPrompt
 from vox_serve.request_builder import FieldError
 
@@ -41,21 +42,24 @@ class VoiceCloner:
 
     def prompt(self, tokenizer: Any, ids: PromptIds, fields: dict[str, Any]) -> EmbeddedPrompt:
         """The request's prompt rows with its speaker embedding; FieldError for unusable inputs."""
-        if fields.get("voice") or fields.get("instruct"):
-            name = "voice" if fields.get("voice") else "instruct"
-            raise FieldError(name, "a Base (voice clone) model takes its voice from the reference `audio`")
-        if not fields.get("audio"):
-            raise FieldError("audio", "this Base (voice clone) model needs reference audio: upload it as `audio`")
-        ref_text = fields.get("ref_text") or None
-        x_vector_only = fields.get("x_vector_only_mode", ref_text is None)
-        if not x_vector_only and ref_text is None:
-            raise FieldError("ref_text", "is required for in-context cloning (x_vector_only_mode false)")
+        x_vector_only = clone_mode(fields)
+        ref_text = None if x_vector_only else fields["ref_text"]
         audio = self.reference_audio(fields["audio"])
         with torch.inference_mode():
             speaker = self.speaker_encoder(audio)
             ref_codes = None if x_vector_only else self.codec_encoder(audio).tolist()
         rows, speaker_row = build_clone_prompt(tokenizer, ids, fields["text"], fields.get("language"),
                                                ref_text, ref_codes)
+        return EmbeddedPrompt(rows, {speaker_row: speaker.tolist()})
+
+    def streaming_prompt(self, tokenizer: Any, ids: PromptIds, fields: dict[str, Any],
+                         first_text_id: int) -> EmbeddedPrompt:
+        """An input-streaming request's prompt (x-vector only; see `check_streaming_fields`)."""
+        check_streaming_fields(fields)
+        audio = self.reference_audio(fields["audio"])
+        with torch.inference_mode():
+            speaker = self.speaker_encoder(audio)
+        rows, speaker_row = clone_streaming_prompt(tokenizer, ids, first_text_id, fields.get("language"))
         return EmbeddedPrompt(rows, {speaker_row: speaker.tolist()})
 
     def reference_audio(self, data: bytes) -> torch.Tensor:
@@ -73,6 +77,31 @@ class VoiceCloner:
     def weights_bytes(self) -> int:
         modules = (self.speaker_encoder, self.codec_encoder)
         return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+
+def clone_mode(fields: dict[str, Any]) -> bool:
+    """Whether the request clones from the speaker embedding only (else in context); FieldError for fields
+    a clone cannot take or lacks."""
+    if fields.get("voice") or fields.get("instruct"):
+        name = "voice" if fields.get("voice") else "instruct"
+        raise FieldError(name, "a Base (voice clone) model takes its voice from the reference `audio`")
+    if not fields.get("audio"):
+        raise FieldError("audio", "this Base (voice clone) model needs reference audio: upload it as `audio`")
+    has_transcript = bool(fields.get("ref_text"))
+    x_vector_only = fields.get("x_vector_only_mode", not has_transcript)
+    if not x_vector_only and not has_transcript:
+        raise FieldError("ref_text", "is required for in-context cloning (x_vector_only_mode false)")
+    return x_vector_only
+
+
+def check_streaming_fields(fields: dict[str, Any]) -> None:
+    """Input streaming clones from the speaker embedding only. The reference's streaming in-context prompt
+    (`generate_icl_prompt`, non_streaming_mode=False) pairs each reference frame with a token of the
+    transcript then the text (tts_eos and padding when the text is shorter), so a request could not start
+    before as many text tokens as the clip has frames, or the end of the text, had arrived; that is not built."""
+    if not clone_mode(fields):
+        raise FieldError("ref_text", "in-context cloning is not available with input streaming; send the whole "
+                                     "text to POST /generate or use x_vector_only_mode")
 
 
 def load_cloner(cfg: dict[str, Any], model_dir: Path | None, codec_dir: Path | None,

@@ -20,7 +20,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from vox_serve.models.qwen3_tts_prompt import ASSISTANT_HEAD, ASSISTANT_TAIL, PromptIds, _row, build_prompt
+from vox_serve.models.qwen3_tts_prompt import (
+    ASSISTANT_HEAD,
+    ASSISTANT_TAIL,
+    PromptIds,
+    _row,
+    build_clone_prompt,
+    build_prompt,
+)
 
 PROMPT_TEXT_IDS = 1  # text ids in the prompt: the first token (the rest trail, one per frame)
 
@@ -60,4 +67,18 @@ def streaming_prompt(tokenizer: Any, ids: PromptIds, first_text_id: int, voice: 
     with the rows (tts_eos, codec_pad) and (tts_pad, codec_bos); here one row (first text id, codec_bos)
     replaces them. Raises ValueError for unsupported inputs, as build_prompt does."""
     rows = build_prompt(tokenizer, ids, "", voice, language, instruct)
+    return _first_text_row(ids, rows, first_text_id)
+
+
+def clone_streaming_prompt(tokenizer: Any, ids: PromptIds, first_text_id: int, language: str | None = None
+                           ) -> tuple[list[list[int]], int]:
+    """An x-vector-only voice clone's input-streaming prompt: (rows, index of the speaker row). The
+    reference builds it as `streaming_prompt`'s, with the speaker embedding in the speaker position."""
+    rows, speaker_row = build_clone_prompt(tokenizer, ids, "", language)
+    return _first_text_row(ids, rows, first_text_id), speaker_row
+
+
+def _first_text_row(ids: PromptIds, rows: list[list[int]], first_text_id: int) -> list[list[int]]:
+    """An empty text's prompt with its closing rows (tts_eos, codec_pad), (tts_pad, codec_bos) replaced by
+    (first text id, codec_bos)."""
     return rows[:-2] + [_row(ids, first_text_id, ids.codec_bos)]
