@@ -19,6 +19,17 @@ log = logging.getLogger(__name__)
 CAPTURED_STAGES = ("prefill", "decode", "codec", "codec_first")
 
 
+def run_stage(program: Program, stage: str, bucket: int, num_seqs: int | None = None) -> None:
+    """Run `stage` of `program` eagerly for `bucket` rows (`codec_first`: the codec over the first-chunk
+    arenas; a prefill without `num_seqs` takes the captured sequence count, `max_prefill_seqs`)."""
+    if stage == "prefill":
+        program.prefill(bucket, program.limits.max_prefill_seqs if num_seqs is None else num_seqs)
+    elif stage == "codec_first":
+        program.codec(bucket, first=True)
+    else:
+        getattr(program, stage)(bucket)
+
+
 class StageGraphs:
     def __init__(self, program: Program) -> None:
         if program.device.type != "cuda":
@@ -33,14 +44,6 @@ class StageGraphs:
     def replay(self, stage: str, bucket: int) -> None:
         self.graphs[(stage, bucket)].replay()
 
-    def _stage_fn(self, stage: str) -> Callable[[int], None]:
-        prog = self.program
-        if stage == "prefill":
-            return lambda tokens: prog.prefill(tokens, prog.limits.max_prefill_seqs)
-        if stage == "codec_first":
-            return lambda batch: prog.codec(batch, first=True)
-        return getattr(prog, stage)
-
     def capture(self, buckets: dict[str, list[int]], prepare: Callable[[str, int], None]) -> None:
         """Capture every stage and bucket; `prepare(stage, bucket)` fills and plans dummy inputs."""
         prog = self.program
@@ -48,17 +51,16 @@ class StageGraphs:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(prog.device)
         for stage in CAPTURED_STAGES:
-            run = self._stage_fn(stage)
             for bucket in sorted(buckets.get(stage, []), reverse=True):
                 prepare(stage, bucket)
                 stream.wait_stream(torch.cuda.current_stream(prog.device))
                 with torch.cuda.stream(stream):
                     for _ in range(2):  # warm-up: lazy inits and allocator growth stay out of the graph
-                        run(bucket)
+                        run_stage(prog, stage, bucket)
                 torch.cuda.current_stream(prog.device).wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    run(bucket)
+                    run_stage(prog, stage, bucket)
                 self.graphs[(stage, bucket)] = graph
         torch.cuda.synchronize(prog.device)
         self.memory_bytes = torch.cuda.memory_allocated(prog.device) - before

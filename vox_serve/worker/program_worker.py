@@ -21,7 +21,7 @@ import torch
 from vox_serve.request import OutKind
 from vox_serve.rt.attention import AttentionPlan, paged_kv_csr
 from vox_serve.rt.engine import bucket_sizes, pick_bucket
-from vox_serve.rt.graphs import StageGraphs
+from vox_serve.rt.graphs import StageGraphs, run_stage
 from vox_serve.rt.nvtx import nvtx_range
 from vox_serve.rt.program import Program, attention_buffers
 from vox_serve.scheduler.plan import NO_SLOT, CodecOut, CodecRow, LmOut, LmRow, StepPlan, StepResult
@@ -79,8 +79,7 @@ class ProgramWorker:
         time (FlashInfer's prefill) compile now and not under the first request."""
         prog = self.program
         n = min(prog.limits.page_size, prog.limits.max_prefill_tokens)
-        row = LmRow("warm-up", [[0] * prog.meta.input_columns] * n, 0, [0], True, 0.0, 0, 1.0, 0.0, 1.0,
-                    [], 0, 0, False, 0)
+        row = self._dummy_row("warm-up", n, [0])
         bucket = pick_bucket(n, self.prefill_buckets)
         arena = prog.arenas["prefill_in"]
         self._fill_lm(arena.host, [row], bucket, 1)
@@ -88,6 +87,11 @@ class ProgramWorker:
         prog.attention.plan(AttentionPlan(1, [n], [n], [[0]], None), attention_buffers(arena))
         prog.prefill(bucket, 1)
         torch.cuda.synchronize(prog.device)
+
+    def _dummy_row(self, req_id: str, num_tokens: int, pages: list[int]) -> LmRow:
+        """A greedy prompt row of zero ids on the given (null) pages: warm-up and graph capture."""
+        width = self.program.meta.input_columns
+        return LmRow(req_id, [[0] * width] * num_tokens, 0, pages, True, 0.0, 0, 1.0, 0.0, 1.0, [], 0, 0, False, 0)
 
     def _prepare_capture(self, stage: str, bucket: int) -> None:
         """Dummy inputs for capturing `stage` at `bucket` rows: every row padded (null page)."""
@@ -102,8 +106,7 @@ class ProgramWorker:
             lim = prog.limits
             longest = lim.max_pages_per_seq * lim.page_size
             sizes = [min(longest, bucket - start) for start in range(0, bucket, longest)]
-            rows = [LmRow("capture", [[0] * prog.meta.input_columns] * n, 0, [0] * -(-n // lim.page_size), True,
-                          0.0, 0, 1.0, 0.0, 1.0, [], 0, 0, False, 0) for n in sizes]
+            rows = [self._dummy_row("capture", n, [0] * -(-n // lim.page_size)) for n in sizes]
             self._fill_lm(arena.host, rows, bucket, lim.max_prefill_seqs)
             arena.upload()
             plan = AttentionPlan(len(rows), sizes, sizes, [r.pages for r in rows], lim.max_prefill_seqs,
@@ -124,10 +127,8 @@ class ProgramWorker:
         with nvtx_range(f"{stage}[{bucket}]", self.nvtx):
             if self.graphs is not None and self.graphs.has(stage, bucket):
                 self.graphs.replay(stage, bucket)
-            elif stage == "codec_first":
-                self.program.codec(bucket, first=True)
             else:
-                getattr(self.program, stage)(bucket, *args)
+                run_stage(self.program, stage, bucket, *args)
         if self.on_cuda:
             end.record()
         else:
