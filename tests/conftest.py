@@ -22,6 +22,16 @@ TINY_LLAMA = {
 }
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():  # noqa: ANN201
+    """One intra-op thread for a module: tiny convs are dominated by thread start-up on a shared CPU
+    (one thread is ~10x faster there)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

@@ -25,7 +25,12 @@ from vox_serve import ipc
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.models.qwen2_tokenizer import save_tokenizer_files, tiny_qwen2_tokenizer
-from vox_serve.models.qwen3_tts_loader import QWEN3_TTS_TINY_CONFIG, TINY_CODEC_CONFIG, load_qwen3_tts
+from vox_serve.models.qwen3_tts_loader import (
+    QWEN3_TTS_TINY_BASE_CONFIG,
+    QWEN3_TTS_TINY_CONFIG,
+    TINY_CODEC_CONFIG,
+    load_qwen3_tts,
+)
 from vox_serve.rt.engine import prepare_program
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.scheduler.factory import make_scheduler
@@ -187,3 +192,23 @@ def count_preemptions(monkeypatch) -> list[str]:  # noqa: ANN001
 
     monkeypatch.setattr(Scheduler, "_preempt", counting)
     return preempted
+
+
+def clone_reference(root: Path, cases: list[dict]) -> tuple[Path, dict[str, bytes], list[dict[str, torch.Tensor]]]:
+    """The tiny Base checkpoint (written under `root`), the reference clips, and what the reference's
+    clone script returns for `cases` (its case fields, with `clip` naming the reference clip): per case
+    its tensors by name (codes, embeds, ...)."""
+    from safetensors.torch import load_file
+
+    require_reference("librosa")
+    ckpt = write_tiny_checkpoint(root / "base", QWEN3_TTS_TINY_BASE_CONFIG, seed=5)
+    wavs = reference_wavs()
+    for name, data in wavs.items():
+        (root / f"{name}.wav").write_bytes(data)
+    full = [{"ckpt": str(ckpt), "ref_audio": str(root / f"{case['clip']}.wav"),
+             **{k: v for k, v in case.items() if k != "clip"}} for case in cases]
+    (root / "cases.json").write_text(json.dumps(full))
+    run_reference("clone", root / "cases.json", root / "ref", script=CLONE_SCRIPT)
+    tensors = load_file(root / "ref" / "reference.safetensors")
+    return ckpt, wavs, [{k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"{i}.")}
+                        for i in range(len(cases))]

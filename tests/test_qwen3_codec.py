@@ -32,13 +32,7 @@ TINY = Qwen3CodecConfig(codebook_dim=16, latent_dim=24, hidden_size=32, num_atte
                         sliding_window=6, decoder_dim=32)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny convs are dominated by thread start-up on a shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="session")

@@ -12,22 +12,15 @@ prompt embeddings (to float32 rounding) and the generated codes (identical) in b
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from qwen3_tts_helpers import (
-    CLONE_SCRIPT,
+    clone_reference,
     make_program,
-    reference_wavs,
-    require_reference,
-    run_reference,
     run_requests,
-    write_tiny_checkpoint,
 )
-
-from vox_serve.models.qwen3_tts_loader import QWEN3_TTS_TINY_BASE_CONFIG
 
 FRAMES = 24  # frames per request; the reference runs max_new_tokens = FRAMES + 1
 
@@ -44,22 +37,9 @@ CASES = [
 @pytest.fixture(scope="module")
 def clone_setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes], list[dict]]:
     """(checkpoint, clips, per case: the reference's codes, prompt embeddings, speaker, reference codes)."""
-    from safetensors.torch import load_file
-
-    require_reference("librosa")
-    root = tmp_path_factory.mktemp("qwen3-tts-base")
-    ckpt = write_tiny_checkpoint(root / "base", QWEN3_TTS_TINY_BASE_CONFIG, seed=5)
-    wavs = reference_wavs()
-    for name, data in wavs.items():
-        (root / f"{name}.wav").write_bytes(data)
-    cases = [{"ckpt": str(ckpt), "text": f["text"], "language": f.get("language"), "ref_text": f.get("ref_text"),
-              "ref_audio": str(root / f"{clip}.wav"), "x_vector_only_mode": xvec, "max_new_tokens": FRAMES + 1}
-             for f, clip, xvec in CASES]
-    (root / "cases.json").write_text(json.dumps(cases))
-    run_reference("clone", root / "cases.json", root / "ref", script=CLONE_SCRIPT)
-    tensors = load_file(root / "ref" / "reference.safetensors")
-    refs = [{k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"{i}.")} for i in range(len(CASES))]
-    return ckpt, wavs, refs
+    cases = [{"text": f["text"], "language": f.get("language"), "ref_text": f.get("ref_text"), "clip": clip,
+              "x_vector_only_mode": xvec, "max_new_tokens": FRAMES + 1} for f, clip, xvec in CASES]
+    return clone_reference(tmp_path_factory.mktemp("qwen3-tts-base"), cases)
 
 
 def fields(i: int, wavs: dict[str, bytes]) -> dict:

@@ -9,24 +9,19 @@ scheduler process's message handling (StreamingDriver), the clip uploaded as 24 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from qwen3_tts_helpers import (
-    CLONE_SCRIPT,
     StreamingDriver,
+    clone_reference,
     make_program,
     reference_wavs,
-    require_reference,
-    run_reference,
-    write_tiny_checkpoint,
 )
 
 from vox_serve import ipc
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
-from vox_serve.models.qwen3_tts_loader import QWEN3_TTS_TINY_BASE_CONFIG
 from vox_serve.rt.engine import build_program
 
 FRAMES = 48  # longer than the texts: frames past the text get tts_eos, then tts_pad
@@ -41,22 +36,10 @@ CASES = [
 @pytest.fixture(scope="module")
 def clone_setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes], list[dict]]:
     """(checkpoint, clips, per case: the reference's codes and talker prompt embeddings)."""
-    from safetensors.torch import load_file
-
-    require_reference("librosa")
-    root = tmp_path_factory.mktemp("qwen3-tts-base-stream")
-    ckpt = write_tiny_checkpoint(root / "base", QWEN3_TTS_TINY_BASE_CONFIG, seed=5)
-    wavs = reference_wavs()
-    for name, data in wavs.items():
-        (root / f"{name}.wav").write_bytes(data)
-    cases = [{"ckpt": str(ckpt), "text": text, "language": f.get("language"), "ref_text": f.get("ref_text"),
-              "ref_audio": str(root / f"{clip}.wav"), "x_vector_only_mode": True, "non_streaming_mode": False,
-              "max_new_tokens": FRAMES + 1} for f, text, clip in CASES]
-    (root / "cases.json").write_text(json.dumps(cases))
-    run_reference("clone", root / "cases.json", root / "ref", script=CLONE_SCRIPT)
-    tensors = load_file(root / "ref" / "reference.safetensors")
-    refs = [{"codes": tensors[f"{i}.codes"], "embeds": tensors[f"{i}.embeds"]} for i in range(len(CASES))]
-    return ckpt, wavs, refs
+    cases = [{"text": text, "language": f.get("language"), "ref_text": f.get("ref_text"), "clip": clip,
+              "x_vector_only_mode": True, "non_streaming_mode": False, "max_new_tokens": FRAMES + 1}
+             for f, text, clip in CASES]
+    return clone_reference(tmp_path_factory.mktemp("qwen3-tts-base-stream"), cases)
 
 
 def session_fields(i: int) -> dict:

@@ -24,13 +24,7 @@ ATOL = 1e-5  # max abs error allowed in float32 (observed < 1e-6)
 DIALECTS = ("weight_g", "parametrizations", "fused")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def snac_one_thread():
-    """Tiny convs are dominated by thread start-up on a shared CPU; one thread is ~10x faster here."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def snac_reference(cfg: dict, seed: int = 0) -> torch.nn.Module:
