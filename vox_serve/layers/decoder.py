@@ -8,6 +8,8 @@ rotated q, k and v: the paged KV backend for LMs, a static cache for a depth tra
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +18,30 @@ from torch import Tensor, nn
 from vox_serve.layers.rope import RotaryEmbedding
 
 Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]  # (layer, q [T,Hq,D], k, v [T,Hkv,D]) -> [T,Hq,D]
+
+
+@dataclass(frozen=True)
+class DecoderDims:
+    """The sizes of a decoder stack, as transformers' config.json files of Llama and Qwen models give them."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+
+    @staticmethod
+    def fields_from_hf(cfg: dict[str, Any], default_eps: float) -> dict[str, Any]:
+        """The DecoderDims fields of a config.json (KV heads default to the heads, head_dim to width / heads)."""
+        heads = cfg["num_attention_heads"]
+        return dict(vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+                    intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"],
+                    num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
+                    head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+                    rms_norm_eps=cfg.get("rms_norm_eps", default_eps))
 
 
 class RMSNorm(nn.Module):

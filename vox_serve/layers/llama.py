@@ -13,37 +13,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from vox_serve.layers.decoder import DecoderLayer, RMSNorm
+from vox_serve.layers.decoder import DecoderDims, DecoderLayer, RMSNorm
 from vox_serve.layers.rope import RotaryEmbedding, rope_parameters
 from vox_serve.rt.attention import AttentionBackend, AttentionBuffers
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
+class LlamaConfig(DecoderDims):
     max_position_embeddings: int
     tie_word_embeddings: bool
     rope: tuple[tuple[str, Any], ...]  # normalised rope parameters (hashable)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> LlamaConfig:
-        heads = cfg["num_attention_heads"]
         return cls(
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            **DecoderDims.fields_from_hf(cfg, default_eps=1e-5),
             max_position_embeddings=cfg.get("max_position_embeddings", 8192),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             rope=tuple(sorted(rope_parameters(cfg).items())),

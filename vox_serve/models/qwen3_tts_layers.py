@@ -21,25 +21,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vox_serve.layers.decoder import Attend, DecoderLayer, RMSNorm
+from vox_serve.layers.decoder import Attend, DecoderDims, DecoderLayer, RMSNorm
 from vox_serve.layers.rope import RotaryEmbedding, rope_parameters
 
 
 @dataclass(frozen=True)
-class DecoderConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
+class DecoderConfig(DecoderDims):
     rope_theta: float
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> DecoderConfig:
-        heads = cfg["num_attention_heads"]
         rope = rope_parameters(cfg)
         if rope["rope_type"] != "default":
             raise ValueError(f"Qwen3-TTS: rope_type {rope['rope_type']!r} is not supported (only 'default')")
@@ -47,13 +38,7 @@ class DecoderConfig:
             raise ValueError(f"Qwen3-TTS: hidden_act {cfg['hidden_act']!r} is not supported")
         if cfg.get("use_sliding_window") or cfg.get("attention_bias"):
             raise ValueError("Qwen3-TTS: sliding-window attention and attention biases are not supported")
-        return cls(
-            vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"],
-            num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(rope["rope_theta"]),
-        )
+        return cls(**DecoderDims.fields_from_hf(cfg, default_eps=1e-6), rope_theta=float(rope["rope_theta"]))
 
 
 def decoder_layers(cfg: DecoderConfig) -> nn.ModuleList:
