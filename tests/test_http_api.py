@@ -205,8 +205,11 @@ def test_client_disconnect_aborts_and_returns_the_pools_to_full(server: Server, 
         if streaming:
             with client.stream("POST", "/generate", json=fields) as response:
                 assert response.status_code == 200
-                next(response.iter_raw())  # audio is flowing: the request holds pages now
-                assert server.replicas()[0]["active_requests"] == 1
+                # Keep the iterator: a discarded one is finalised at once, which closes the connection.
+                pieces = response.iter_raw()
+                next(pieces)  # audio is flowing: the request holds pages now
+                # /health reports the replica's last heartbeat (every 0.2 s), which may predate the request
+                wait_until(lambda: server.replicas()[0]["active_requests"] == 1, 5.0)
         else:
             with pytest.raises(httpx.ReadTimeout):  # 3000 tokens take far longer than 2 s
                 client.post("/generate", json=fields)
