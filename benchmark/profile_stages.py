@@ -22,8 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vox_serve.cli import build_config, check_flags, given_flags  # noqa: E402
-from vox_serve.rt.engine import build_program  # noqa: E402
-from vox_serve.scheduler.plan import CodecRow, LmRow, StepPlan  # noqa: E402
+from vox_serve.core.plan import CodecRow, LmRow, StepPlan  # noqa: E402
+from vox_serve.engine.build import build_program  # noqa: E402
 from vox_serve.worker.program_worker import ProgramWorker  # noqa: E402
 
 CONTEXT = 512

@@ -46,7 +46,7 @@ def write_tiny_orpheus(path: Path, seed: int = 0) -> Path:
     from snac import SNAC
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from vox_serve.models.byte_tokenizer import byte_level_tokenizer
+    from vox_serve.models.tokenizers.byte_level import byte_level_tokenizer
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).eval()

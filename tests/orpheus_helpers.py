@@ -7,10 +7,10 @@ from pathlib import Path
 import torch
 
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
+from vox_serve.engine.build import prepare_program
 from vox_serve.engine_loop import EngineLoop
-from vox_serve.models.orpheus_loader import load_orpheus
+from vox_serve.models.orpheus.loader import load_orpheus
 from vox_serve.request_builder import build_request
-from vox_serve.rt.engine import prepare_program
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.worker.program_worker import ProgramWorker
 

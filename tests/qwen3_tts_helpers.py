@@ -23,15 +23,15 @@ import torch
 
 from vox_serve import ipc
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
+from vox_serve.engine.build import prepare_program
 from vox_serve.engine_loop import EngineLoop
-from vox_serve.models.qwen2_tokenizer import save_tokenizer_files, tiny_qwen2_tokenizer
-from vox_serve.models.qwen3_tts_loader import (
+from vox_serve.models.qwen3_tts.loader import (
     QWEN3_TTS_TINY_BASE_CONFIG,
     QWEN3_TTS_TINY_CONFIG,
     TINY_CODEC_CONFIG,
     load_qwen3_tts,
 )
-from vox_serve.rt.engine import prepare_program
+from vox_serve.models.tokenizers.qwen2 import save_tokenizer_files, tiny_qwen2_tokenizer
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.scheduler.factory import make_scheduler
 from vox_serve.scheduler_entry import SchedulerService

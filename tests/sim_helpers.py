@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from vox_serve.config import SchedulerConfig
-from vox_serve.request import Request, RequestStatus, SamplingParams
-from vox_serve.rt.meta import EngineLimits, ProgramMeta
+from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.plan import StepPlan
+from vox_serve.core.request import Request, RequestStatus, SamplingParams
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.scheduler.factory import make_scheduler
-from vox_serve.scheduler.plan import StepPlan
 from vox_serve.sim.clock import VirtualClock
 from vox_serve.sim.cost import CostModel, Curve, Profile
 from vox_serve.sim.worker import SimWorker

@@ -14,11 +14,11 @@ import pytest
 
 from tests.orpheus_helpers import make_program
 from tests.sim_helpers import Bench
+from vox_serve.core.plan import StepPlan
+from vox_serve.core.request import RequestStatus
 from vox_serve.engine_loop import EngineLoop
-from vox_serve.request import RequestStatus
 from vox_serve.request_builder import build_request
 from vox_serve.scheduler.base import Scheduler
-from vox_serve.scheduler.plan import StepPlan
 from vox_serve.worker.program_worker import ProgramWorker
 
 FIELDS = [

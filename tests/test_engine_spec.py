@@ -7,9 +7,9 @@ import json
 import torch
 
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
-from vox_serve.rt import build_engine
+from vox_serve.engine import build_engine
+from vox_serve.engine.build import get_program
 from vox_serve.rt.arena import Arena, FieldSpec
-from vox_serve.rt.engine import get_program
 
 
 def test_engine_spec_is_json_with_complete_layouts() -> None:

@@ -8,8 +8,8 @@ from orpheus_helpers import run_requests
 
 from vox_serve.cli import CliError, build_config, check_flags, given_flags
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
-from vox_serve.rt.engine import build_engine, build_program
-from vox_serve.scheduler.chunks import ChunkGeometry
+from vox_serve.core.chunks import ChunkGeometry
+from vox_serve.engine.build import build_engine, build_program
 
 SAMPLES_PER_FRAME = 1920
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from vox_serve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, VoxConfig
+from vox_serve.engine.build import build_program
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.request_builder import build_request
 from vox_serve.rt.attention import (
@@ -21,7 +22,6 @@ from vox_serve.rt.attention import (
     make_attention_backend,
     paged_kv_csr,
 )
-from vox_serve.rt.engine import build_program
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.worker.program_worker import ProgramWorker
 

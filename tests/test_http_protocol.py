@@ -11,9 +11,9 @@ from vox_serve import ipc
 from vox_serve.api.schemas import REQUEST_FIELDS
 from vox_serve.cli import CliError, build_config, check_flags, given_flags
 from vox_serve.config import VoxConfig
-from vox_serve.models.orpheus import orpheus_meta
-from vox_serve.request import SamplingParams
-from vox_serve.rt.meta import EngineLimits
+from vox_serve.core.meta import EngineLimits
+from vox_serve.core.request import SamplingParams
+from vox_serve.models.orpheus.program import orpheus_meta
 
 TRICKY_TEXT = 'a|b\nc\x00d,;\t"quoted" ünïcødé 🎤 \r\n  trailing  '
 MESSAGES = [

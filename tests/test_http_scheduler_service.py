@@ -13,8 +13,8 @@ from qwen3_tts_helpers import StreamingDriver
 
 from vox_serve import ipc
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
+from vox_serve.engine.build import build_program
 from vox_serve.engine_loop import EngineLoop
-from vox_serve.rt.engine import build_program
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.scheduler_entry import SchedulerService
 from vox_serve.worker.program_worker import ProgramWorker

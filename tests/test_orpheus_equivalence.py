@@ -15,7 +15,7 @@ import pytest
 import torch
 from orpheus_helpers import make_program, run_requests
 
-from vox_serve.models.orpheus import AUDIO_START, CODES_PER_SLOT, STOP_ID
+from vox_serve.models.orpheus.program import AUDIO_START, CODES_PER_SLOT, STOP_ID
 
 AUDIO_TOL = 1e-4
 TEXT = "Hello there, this is a test."

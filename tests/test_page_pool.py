@@ -10,7 +10,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from vox_serve.rt.page_pool import OutOfPages, OutOfSlots, PagePool, SlotPool
+from vox_serve.core.page_pool import OutOfPages, OutOfSlots, PagePool, SlotPool
 
 
 def snapshot(pool: PagePool) -> tuple:
@@ -215,5 +215,5 @@ def test_slot_pool_check_detects_corruption() -> None:
 
 
 def test_page_pool_module_does_not_import_torch() -> None:
-    code = "import sys, vox_serve.rt.page_pool; assert 'torch' not in sys.modules"
+    code = "import sys, vox_serve.core.page_pool; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from vox_serve.codecs.qwen3_codec import Qwen3CodecConfig, Qwen3CodecDecoder, Qwen3CodecSlots
+from vox_serve.codecs.qwen3.decoder import Qwen3CodecConfig, Qwen3CodecDecoder, Qwen3CodecSlots
 
 REPO = Path(__file__).resolve().parents[1]
 REF_PYTHON = REPO / ".venv-qwen" / "bin" / "python"

@@ -16,11 +16,11 @@ from http_harness import Server, parse_wav, running_server, wait_until
 from qwen3_tts_helpers import run_requests
 
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
-from vox_serve.models.qwen3_tts_clone import load_cloner
-from vox_serve.models.qwen3_tts_loader import QWEN3_TTS_IDS, dummy_config
+from vox_serve.engine.build import build_program
+from vox_serve.models.qwen3_tts.clone import load_cloner
+from vox_serve.models.qwen3_tts.loader import QWEN3_TTS_IDS, dummy_config
 from vox_serve.models.registry import FAMILIES, family_of
 from vox_serve.request_builder import FieldError, build_request
-from vox_serve.rt.engine import build_program
 
 
 def clip(rate: int = 24000, seconds: float = 1.2, freq: float = 220.0) -> bytes:

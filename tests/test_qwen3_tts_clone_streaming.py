@@ -22,7 +22,7 @@ from qwen3_tts_helpers import (
 
 from vox_serve import ipc
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
-from vox_serve.rt.engine import build_program
+from vox_serve.engine.build import build_program
 
 FRAMES = 48  # longer than the texts: frames past the text get tts_eos, then tts_pad
 DRY_STEPS = 40  # more steps than a text has tokens: the text runs dry

@@ -28,9 +28,9 @@ from qwen3_tts_helpers import (
     write_tiny_checkpoint,
 )
 
-from vox_serve.models.qwen2_tokenizer import load_qwen2_tokenizer, save_tokenizer_files, tiny_qwen2_tokenizer
-from vox_serve.models.qwen3_tts_loader import QWEN3_TTS_TINY_CONFIG
-from vox_serve.models.qwen3_tts_prompt import PromptIds, build_prompt
+from vox_serve.models.qwen3_tts.loader import QWEN3_TTS_TINY_CONFIG
+from vox_serve.models.qwen3_tts.prompt import PromptIds, build_prompt
+from vox_serve.models.tokenizers.qwen2 import load_qwen2_tokenizer, save_tokenizer_files, tiny_qwen2_tokenizer
 
 FRAMES = 40  # frames per request; the reference runs max_new_tokens = FRAMES + 1
 PROMPTS = [
@@ -190,7 +190,7 @@ def test_prompt_rules() -> None:
 def test_tiny_registry_model_samples_and_decodes() -> None:
     """`qwen3-tts-tiny` (no checkpoint) builds from the registry and streams audio with default sampling."""
     from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
-    from vox_serve.rt.engine import build_program
+    from vox_serve.engine.build import build_program
 
     config = VoxConfig(model=ModelConfig(model="qwen3-tts-tiny", device="cpu"),
                        cache=CacheConfig(page_size=16, max_num_pages=64),

@@ -6,10 +6,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vox_serve.models.qwen2_tokenizer import tiny_qwen2_tokenizer
-from vox_serve.models.qwen3_tts_loader import QWEN3_TTS_TINY_CONFIG
-from vox_serve.models.qwen3_tts_prompt import PromptIds, build_prompt
-from vox_serve.models.qwen3_tts_stream import stable_text_ids, streaming_prompt
+from vox_serve.models.qwen3_tts.loader import QWEN3_TTS_TINY_CONFIG
+from vox_serve.models.qwen3_tts.prompt import PromptIds, build_prompt
+from vox_serve.models.qwen3_tts.stream import stable_text_ids, streaming_prompt
+from vox_serve.models.tokenizers.qwen2 import tiny_qwen2_tokenizer
 
 TOK = tiny_qwen2_tokenizer()
 IDS = PromptIds.from_config(QWEN3_TTS_TINY_CONFIG)

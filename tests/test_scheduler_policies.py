@@ -10,7 +10,7 @@ import pytest
 
 from tests.sim_helpers import SR, Bench, finished, limits
 from vox_serve.config import SchedulerConfig
-from vox_serve.request import RequestStatus
+from vox_serve.core.request import RequestStatus
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.scheduler.deadline import DeadlineScheduler
 from vox_serve.scheduler.factory import make_scheduler

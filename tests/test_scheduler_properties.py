@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.sim_helpers import META, PROFILE, expected_samples, limits
-from vox_serve.request import RequestStatus
+from vox_serve.core.request import RequestStatus
 from vox_serve.sim.driver import Simulation, scheduler_config
 from vox_serve.sim.workload import Arrival
 

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from tests.sim_helpers import META, Bench, finished, limits
+from vox_serve.core.request import Request, RequestStatus, TextFeed
 from vox_serve.engine_loop import TEXT_WAIT_S, EngineLoop
-from vox_serve.request import Request, RequestStatus, TextFeed
 from vox_serve.sim.worker import TEXT_END_ID, TEXT_ID_BASE
 
 TEXT_META = dataclasses.replace(META, input_columns=2, streamed_text_column=1, stateful_codec=True)

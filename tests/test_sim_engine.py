@@ -9,9 +9,9 @@ import json
 import pytest
 
 from tests.sim_helpers import COSTS, PROFILE, Bench, limits
+from vox_serve.core.plan import CodecRow, StepPlan
+from vox_serve.core.request import RequestStatus
 from vox_serve.engine_loop import EngineLoop
-from vox_serve.request import RequestStatus
-from vox_serve.scheduler.plan import CodecRow, StepPlan
 from vox_serve.sim.calibrate import profile_from_trace
 from vox_serve.sim.clock import VirtualClock
 from vox_serve.sim.cost import Curve, Profile, load_profile

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from vox_serve.audio import write_wav
 from vox_serve.config import VoxConfig
+from vox_serve.core.request import Request
+from vox_serve.engine.build import build_program
 from vox_serve.engine_loop import EngineLoop
-from vox_serve.request import Request
 from vox_serve.request_builder import FieldError, build_request
-from vox_serve.rt.engine import build_program
 from vox_serve.scheduler.factory import make_scheduler
 from vox_serve.worker.program_worker import ProgramWorker, startup_report
 

@@ -15,9 +15,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from vox_serve.core.plan import StepPlan, StepResult
 from vox_serve.rt.nvtx import nvtx_range
 from vox_serve.scheduler.base import Scheduler
-from vox_serve.scheduler.plan import StepPlan, StepResult
 from vox_serve.trace import Tracer
 
 log = logging.getLogger(__name__)

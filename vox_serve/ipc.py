@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import msgpack
 
-from vox_serve.rt.meta import EngineLimits, ProgramMeta
+from vox_serve.core.meta import EngineLimits, ProgramMeta
 
 PROTOCOL_VERSION = 1
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vox_serve.request import EmbeddedPrompt, Request, SamplingParams
-from vox_serve.rt.meta import ProgramMeta
+from vox_serve.core.meta import ProgramMeta
+from vox_serve.core.request import EmbeddedPrompt, Request, SamplingParams
 
 _NUMERIC = {
     "temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,

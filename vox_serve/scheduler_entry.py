@@ -27,8 +27,8 @@ import zmq
 
 from vox_serve import ipc
 from vox_serve.config import VoxConfig
+from vox_serve.core.request import EmbeddedPrompt, Request, RequestStatus, TextFeed
 from vox_serve.engine_loop import EngineLoop
-from vox_serve.request import EmbeddedPrompt, Request, RequestStatus, TextFeed
 from vox_serve.request_builder import FieldError, build_request
 from vox_serve.scheduler.base import QueueFull
 from vox_serve.text_sessions import InputSession, TextStreaming

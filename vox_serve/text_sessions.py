@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from vox_serve.request import EmbeddedPrompt
+from vox_serve.core.request import EmbeddedPrompt
 
 
 class TextStreaming(Protocol):

@@ -20,8 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from vox_serve.core.plan import StepPlan, StepResult
 from vox_serve.scheduler.base import Scheduler
-from vox_serve.scheduler.plan import StepPlan, StepResult
 
 _files = itertools.count()
 

@@ -8,7 +8,7 @@ orpheus-tiny. Qwen3-TTS streams its text incrementally: test_http_qwen3_input_st
 
 from typing import Any
 
-from vox_serve.rt import meta
+from vox_serve.core import meta
 
 _init = meta.ProgramMeta.__init__
 

@@ -21,8 +21,8 @@ from starlette.types import Message, Receive
 
 from vox_serve.api.errors import ApiError
 from vox_serve.api.schemas import AUDIO_FIELD, REQUEST_FIELDS
+from vox_serve.core.meta import ProgramMeta
 from vox_serve.request_builder import FieldError, normalise_fields, sampling_params
-from vox_serve.rt.meta import ProgramMeta
 
 FORM_OVERHEAD_BYTES = 1 << 20  # room for the text fields and multipart framing beside an upload
 DISCARD_LIMIT_BYTES = 64 << 20  # past this a refused body is cut off, not read

@@ -33,7 +33,7 @@ import zmq.asyncio
 from vox_serve import ipc
 from vox_serve.api.errors import ApiError
 from vox_serve.config import VoxConfig
-from vox_serve.rt.meta import EngineLimits, ProgramMeta
+from vox_serve.core.meta import EngineLimits, ProgramMeta
 
 log = logging.getLogger("vox_serve.api")
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from vox_serve.rt.meta import ProgramMeta
+from vox_serve.core.meta import ProgramMeta
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from vox_serve.api.errors import ApiError
 from vox_serve.api.generate import WAV_RESPONSE, context, max_upload_bytes
 from vox_serve.api.replicas import ReplicaManager, Session
 from vox_serve.api.schemas import StreamStartResponse, StreamTextResponse, error_responses
+from vox_serve.core.meta import ProgramMeta
 from vox_serve.request_builder import FieldError
-from vox_serve.rt.meta import ProgramMeta
 
 router = APIRouter(prefix="/generate/stream")
 MAX_TEXT_BODY_BYTES = 1 << 20

@@ -31,14 +31,14 @@ class ModelFamily:
 
 
 def _build_orpheus(a: BuildArgs) -> Program:
-    from vox_serve.models.orpheus_loader import load_orpheus
+    from vox_serve.models.orpheus.loader import load_orpheus
 
     return load_orpheus(a.name, a.load_format, a.device, a.dtype, a.seed,
                         a.max_model_len or FAMILIES["orpheus"].default_max_model_len, a.codec_path)
 
 
 def _build_qwen3_tts(a: BuildArgs) -> Program:
-    from vox_serve.models.qwen3_tts_loader import load_qwen3_tts
+    from vox_serve.models.qwen3_tts.loader import load_qwen3_tts
 
     return load_qwen3_tts(a.name, a.load_format, a.device, a.dtype, a.seed,
                           a.max_model_len or FAMILIES["qwen3-tts"].default_max_model_len, a.codec_path)

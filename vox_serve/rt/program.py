@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from vox_serve.request import EmbeddedPrompt
+from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.request import EmbeddedPrompt
 from vox_serve.rt.arena import Arena, FieldSpec
 from vox_serve.rt.attention import AttentionBackend, AttentionBuffers
-from vox_serve.rt.meta import EngineLimits, ProgramMeta
 
 
 def lm_input_fields(tokens: int, seqs: int, limits: EngineLimits, columns: int) -> list[FieldSpec]:

@@ -29,11 +29,11 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from vox_serve.config import SchedulerConfig
-from vox_serve.request import OutKind, Request, RequestStatus
-from vox_serve.rt.meta import EngineLimits, ProgramMeta
-from vox_serve.rt.page_pool import PagePool, SlotPool
-from vox_serve.scheduler.chunks import ChunkGeometry
-from vox_serve.scheduler.plan import ABSENT_ID, CodecRow, LmOut, LmRow, StepPlan, StepResult
+from vox_serve.core.chunks import ChunkGeometry
+from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.page_pool import PagePool, SlotPool
+from vox_serve.core.plan import ABSENT_ID, CodecRow, LmOut, LmRow, StepPlan, StepResult
+from vox_serve.core.request import OutKind, Request, RequestStatus
 from vox_serve.scheduler.text_input import add_text, extend, waits_for_text
 
 

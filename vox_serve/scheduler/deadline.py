@@ -33,10 +33,10 @@ import time
 from collections.abc import Callable
 
 from vox_serve.config import SchedulerConfig
-from vox_serve.request import Request, RequestStatus
-from vox_serve.rt.meta import EngineLimits, ProgramMeta
+from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.plan import CodecRow, StepPlan
+from vox_serve.core.request import Request, RequestStatus
 from vox_serve.scheduler.base import Scheduler
-from vox_serve.scheduler.plan import CodecRow, StepPlan
 from vox_serve.scheduler.playback import PLAYBACK_MARGIN_S, playback_deadline
 from vox_serve.scheduler.text_input import waits_for_text
 

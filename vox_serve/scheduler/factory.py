@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from vox_serve.config import SchedulerConfig
-from vox_serve.rt.meta import EngineLimits, ProgramMeta
+from vox_serve.core.meta import EngineLimits, ProgramMeta
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.scheduler.deadline import DeadlineScheduler
 from vox_serve.scheduler.offline import OfflineScheduler

@@ -6,8 +6,8 @@ for streamed text are not generating: while only they are admitted, audio is dec
 
 from __future__ import annotations
 
+from vox_serve.core.plan import CodecRow
 from vox_serve.scheduler.base import Scheduler
-from vox_serve.scheduler.plan import CodecRow
 from vox_serve.scheduler.text_input import waits_for_text
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 
-from vox_serve.request import Request, RequestStatus
+from vox_serve.core.plan import CodecRow
+from vox_serve.core.request import Request, RequestStatus
 from vox_serve.scheduler.base import Scheduler
-from vox_serve.scheduler.plan import CodecRow
 from vox_serve.scheduler.playback import PLAYBACK_MARGIN_S, last_chunk_play_start
 
 

@@ -8,7 +8,7 @@ has been played.
 
 from __future__ import annotations
 
-from vox_serve.request import Request
+from vox_serve.core.request import Request
 
 
 def audio_seconds(req: Request, sample_rate: int) -> float:

@@ -11,9 +11,9 @@ decoded as usual. Other requests are not held up.
 
 from __future__ import annotations
 
-from vox_serve.request import Request, RequestStatus
-from vox_serve.rt.meta import ProgramMeta
-from vox_serve.scheduler.plan import ABSENT_ID
+from vox_serve.core.meta import ProgramMeta
+from vox_serve.core.plan import ABSENT_ID
+from vox_serve.core.request import Request, RequestStatus
 
 
 def has_input(req: Request, pos: int) -> bool:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vox_serve.rt.meta import EngineLimits, ProgramMeta
-from vox_serve.scheduler.plan import StepPlan
+from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.plan import StepPlan
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "benchmark" / "profiles"
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from vox_serve.config import SchedulerConfig
+from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.request import Request, SamplingParams, TextFeed
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.metrics import RequestTrace, Summary, summarize
-from vox_serve.request import Request, SamplingParams, TextFeed
-from vox_serve.rt.meta import EngineLimits, ProgramMeta
 from vox_serve.scheduler.base import QueueFull, Scheduler
 from vox_serve.scheduler.factory import make_scheduler
 from vox_serve.sim.clock import VirtualClock

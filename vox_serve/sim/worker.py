@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vox_serve.request import OutKind
-from vox_serve.rt.meta import EngineLimits, ProgramMeta
-from vox_serve.scheduler.plan import ABSENT_ID, CodecOut, CodecRow, LmOut, LmRow, StepPlan, StepResult
+from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.plan import ABSENT_ID, CodecOut, CodecRow, LmOut, LmRow, StepPlan, StepResult
+from vox_serve.core.request import OutKind
 from vox_serve.sim.clock import VirtualClock
 from vox_serve.sim.cost import CostModel
 

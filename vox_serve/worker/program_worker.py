@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from vox_serve.request import OutKind
+from vox_serve.core.plan import NO_SLOT, CodecOut, CodecRow, LmOut, LmRow, StepPlan, StepResult
+from vox_serve.core.request import OutKind
+from vox_serve.engine.build import bucket_sizes, pick_bucket
 from vox_serve.rt.attention import AttentionPlan, paged_kv_csr
-from vox_serve.rt.engine import bucket_sizes, pick_bucket
 from vox_serve.rt.graphs import StageGraphs, run_stage
 from vox_serve.rt.nvtx import nvtx_range
 from vox_serve.rt.program import Program, attention_buffers
-from vox_serve.scheduler.plan import NO_SLOT, CodecOut, CodecRow, LmOut, LmRow, StepPlan, StepResult
 
 NULL_SLOT = 0  # token slot 0 lies in the reserved null page
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vox_serve.models.qwen3_tts_prompt import (
+from vox_serve.models.qwen3_tts.prompt import (
     ASSISTANT_HEAD,
     ASSISTANT_TAIL,
     PromptIds,

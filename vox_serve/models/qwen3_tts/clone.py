@@ -21,12 +21,12 @@ from typing import Any
 import torch
 
 from vox_serve.audio_input import decode_audio, resample
-from vox_serve.codecs.qwen3_codec_encoder import CodecEncoderConfig, Qwen3CodecEncoder
+from vox_serve.codecs.qwen3.encoder import CodecEncoderConfig, Qwen3CodecEncoder
+from vox_serve.core.request import EmbeddedPrompt
 from vox_serve.models.checkpoint import CheckpointError, init_random
-from vox_serve.models.qwen3_speaker_encoder import SAMPLE_RATE, SpeakerEncoder, SpeakerEncoderConfig
-from vox_serve.models.qwen3_tts_prompt import PromptIds, build_clone_prompt
-from vox_serve.models.qwen3_tts_stream import clone_streaming_prompt
-from vox_serve.request import EmbeddedPrompt
+from vox_serve.models.qwen3_tts.prompt import PromptIds, build_clone_prompt
+from vox_serve.models.qwen3_tts.speaker_encoder import SAMPLE_RATE, SpeakerEncoder, SpeakerEncoderConfig
+from vox_serve.models.qwen3_tts.stream import clone_streaming_prompt
 from vox_serve.request_builder import FieldError
 
 MIN_REFERENCE_SECONDS = 0.1

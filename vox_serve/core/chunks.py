@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vox_serve.rt.meta import ProgramMeta
+from vox_serve.core.meta import ProgramMeta
 
 
 @dataclass(frozen=True)

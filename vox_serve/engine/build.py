@@ -9,11 +9,11 @@ from typing import Any
 import torch
 
 from vox_serve.config import ConfigError, VoxConfig
+from vox_serve.core.meta import EngineLimits
 from vox_serve.models.checkpoint import pick_device, pick_dtype
 from vox_serve.models.registry import BuildArgs
 from vox_serve.models.registry import build_program as build_model_program
 from vox_serve.rt.attention import make_attention_backend
-from vox_serve.rt.meta import EngineLimits
 from vox_serve.rt.program import Program
 
 SPEC_VERSION = 1

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vox_serve.codecs.qwen3_codec_layers import (
+from vox_serve.codecs.qwen3.layers import (
     CausalConv,
     CausalUpConv,
     ConvNeXtBlock,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from vox_serve.codecs.qwen3_codec import Qwen3CodecConfig, Qwen3CodecDecoder
+from vox_serve.codecs.qwen3.decoder import Qwen3CodecConfig, Qwen3CodecDecoder
 from vox_serve.models.checkpoint import (
     CheckpointError,
     checkpoint_dir,
@@ -23,11 +23,11 @@ from vox_serve.models.checkpoint import (
     iter_safetensors,
     read_json,
 )
-from vox_serve.models.qwen2_tokenizer import load_qwen2_tokenizer, tiny_qwen2_tokenizer
-from vox_serve.models.qwen3_tts import Qwen3TTSProgram, qwen3_tts_meta
-from vox_serve.models.qwen3_tts_clone import load_cloner
-from vox_serve.models.qwen3_tts_layers import CodePredictor, DecoderConfig, Talker
-from vox_serve.models.qwen3_tts_prompt import PromptIds
+from vox_serve.models.qwen3_tts.clone import load_cloner
+from vox_serve.models.qwen3_tts.layers import CodePredictor, DecoderConfig, Talker
+from vox_serve.models.qwen3_tts.program import Qwen3TTSProgram, qwen3_tts_meta
+from vox_serve.models.qwen3_tts.prompt import PromptIds
+from vox_serve.models.tokenizers.qwen2 import load_qwen2_tokenizer, tiny_qwen2_tokenizer
 
 QWEN3_TTS_ID = "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice"
 # Registry short names of the published checkpoints.

@@ -13,11 +13,11 @@ from typing import Any
 import torch
 
 from vox_serve.codecs.snac import SnacDecoder, orpheus_frames_to_codes
+from vox_serve.core.meta import ProgramMeta
+from vox_serve.core.request import OutKind
 from vox_serve.layers.llama import LlamaConfig, LlamaForCausalLM
-from vox_serve.request import OutKind
 from vox_serve.rt import kernels
 from vox_serve.rt.arena import Arena
-from vox_serve.rt.meta import ProgramMeta
 from vox_serve.rt.program import Program, attention_buffers
 
 AUDIO_START = 128266

@@ -33,15 +33,15 @@ from typing import Any
 
 import torch
 
-from vox_serve.codecs.qwen3_codec import Qwen3CodecDecoder, Qwen3CodecSlots
-from vox_serve.models.qwen3_tts_clone import CLONE_FIELDS, VoiceCloner, check_streaming_fields
-from vox_serve.models.qwen3_tts_layers import CodePredictor, Talker
-from vox_serve.models.qwen3_tts_prompt import PromptIds, build_prompt
-from vox_serve.models.qwen3_tts_stream import PROMPT_TEXT_IDS, stable_text_ids, streaming_prompt
-from vox_serve.request import EmbeddedPrompt, OutKind
+from vox_serve.codecs.qwen3.decoder import Qwen3CodecDecoder, Qwen3CodecSlots
+from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.request import EmbeddedPrompt, OutKind
+from vox_serve.models.qwen3_tts.clone import CLONE_FIELDS, VoiceCloner, check_streaming_fields
+from vox_serve.models.qwen3_tts.layers import CodePredictor, Talker
+from vox_serve.models.qwen3_tts.prompt import PromptIds, build_prompt
+from vox_serve.models.qwen3_tts.stream import PROMPT_TEXT_IDS, stable_text_ids, streaming_prompt
 from vox_serve.rt import kernels
 from vox_serve.rt.arena import Arena
-from vox_serve.rt.meta import EngineLimits, ProgramMeta
 from vox_serve.rt.program import Program, attention_buffers
 
 SAMPLES_PER_FRAME = 1920  # 24 kHz / 12.5 Hz
