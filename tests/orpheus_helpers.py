@@ -6,13 +6,11 @@ from pathlib import Path
 
 import torch
 
+from tests.engine_helpers import make_loop, prepare
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
-from vox_serve.engine.build import prepare_program
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.models.orpheus.loader import load_orpheus
 from vox_serve.request_builder import build_request
-from vox_serve.scheduler.base import Scheduler
-from vox_serve.worker.program_worker import ProgramWorker
 
 
 def make_program(ckpt: Path, constrain: bool = True, frames_per_chunk: int | None = None,
@@ -25,7 +23,7 @@ def make_program(ckpt: Path, constrain: bool = True, frames_per_chunk: int | Non
                        cache=CacheConfig(page_size=16, max_num_pages=max_num_pages),
                        scheduler=SchedulerConfig(max_batch_size=8, max_prefill_tokens=max_prefill_tokens,
                                                  detokenize_interval=frames_per_chunk))
-    return prepare_program(program, config), config
+    return prepare(program, config), config
 
 
 def run_requests(program, config, field_sets: list[dict], loop: EngineLoop | None = None,
@@ -34,7 +32,7 @@ def run_requests(program, config, field_sets: list[dict], loop: EngineLoop | Non
 
     Shared by every model's serving tests (tests/qwen3_tts_helpers.py too)."""
     if loop is None:
-        loop = EngineLoop(Scheduler(program.meta, program.limits, config.scheduler), ProgramWorker(program))
+        loop = make_loop(program, config)
     reqs = []
     for i, fields in enumerate(field_sets):
         req = build_request(program.meta, program.preprocess, fields, f"r{i}", greedy=greedy, seed=i)

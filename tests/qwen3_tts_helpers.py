@@ -21,9 +21,9 @@ import pytest
 import soundfile
 import torch
 
+from tests.engine_helpers import engine_worker, make_loop, prepare
 from vox_serve import ipc
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
-from vox_serve.engine.build import prepare_program
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.models.qwen3_tts.loader import (
     QWEN3_TTS_TINY_BASE_CONFIG,
@@ -35,7 +35,6 @@ from vox_serve.models.tokenizers.qwen2 import save_tokenizer_files, tiny_qwen2_t
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.scheduler.factory import make_scheduler
 from vox_serve.scheduler_entry import SchedulerService
-from vox_serve.worker.program_worker import ProgramWorker
 
 ROOT = Path(__file__).resolve().parents[1]
 REF_PYTHON = Path(os.environ.get("QWEN_REF_PYTHON", ROOT / ".venv-qwen" / "bin" / "python"))
@@ -118,14 +117,13 @@ def make_program(ckpt: Path, eos_scale: float = 1.0, max_num_pages: int = 128, f
                        cache=CacheConfig(page_size=16, max_num_pages=max_num_pages),
                        scheduler=SchedulerConfig(max_batch_size=max_batch, max_prefill_tokens=256,
                                                  detokenize_interval=frames_per_chunk))
-    return prepare_program(program, config), config
+    return prepare(program, config), config
 
 
 def run_requests(program, config, field_sets: list[dict], greedy: bool = True,
                  async_scheduling: bool = False) -> tuple[list, EngineLoop]:
     """Run requests to completion through the real scheduler and worker; returns them and the loop."""
-    loop = EngineLoop(Scheduler(program.meta, program.limits, config.scheduler), ProgramWorker(program),
-                      async_scheduling=async_scheduling)
+    loop = make_loop(program, config, async_scheduling=async_scheduling)
     return orpheus_helpers.run_requests(program, config, field_sets, loop, greedy), loop
 
 
@@ -145,7 +143,7 @@ class StreamingDriver:
         config = dataclasses.replace(config, bench=dataclasses.replace(config.bench, greedy=True))
         scheduler = make_scheduler(program.meta, program.limits,
                                    dataclasses.replace(config.scheduler, scheduler_type=policy))
-        self.loop = EngineLoop(scheduler, ProgramWorker(program), async_scheduling=async_scheduling)
+        self.loop = EngineLoop(scheduler, engine_worker(program), async_scheduling=async_scheduling, record=True)
         self.sent: list = []
         self.service = SchedulerService(self.loop, program.preprocess, config, self.sent.append, streamer=program)
         self.scheduler = scheduler
@@ -169,7 +167,7 @@ class StreamingDriver:
     def finish(self, timeout_s: float = 120.0) -> None:
         """Step until idle, waiting as the loop asks (policies that hold audio back wait for the clock)."""
         deadline = time.monotonic() + timeout_s
-        while self.loop.busy:
+        while self.service.busy:
             if time.monotonic() > deadline:
                 raise AssertionError("the loop did not go idle")
             time.sleep(self.service.step())

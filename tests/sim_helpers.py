@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from vox_serve.config import SchedulerConfig
-from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.meta import EngineLimits, ProgramMeta, StopRule
 from vox_serve.core.plan import StepPlan
-from vox_serve.core.request import Request, RequestStatus, SamplingParams
+from vox_serve.core.request import Prompt, Request, RequestStatus, SamplingParams
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.scheduler.factory import make_scheduler
 from vox_serve.sim.clock import VirtualClock
@@ -19,7 +19,8 @@ SR = 1000  # 1000 samples/s and 100 samples a frame: a frame is 0.1 s of audio
 META = ProgramMeta(
     name="toy", sample_rate=SR, input_columns=1, codes_per_step=1, codes_per_frame=2, samples_per_frame=100,
     frames_per_chunk=2, codec_lookback_frames=1, codec_lookahead_frames=1, skip_leading_frames=1,
-    max_model_len=256, max_text_chars=100, stop_rule="toy", default_sampling={}, accepted_fields=("text",),
+    max_model_len=256, max_text_chars=100, stop_rule=StopRule(token=0, at_frame_boundary=True), default_sampling={},
+    accepted_fields=("text",),
 )
 COSTS = CostModel(decode_ms=Curve.of([[1, 10.0], [64, 20.0]]), prefill_ms=Curve.of([[1, 5.0], [1024, 50.0]]),
                   codec_ms=Curve.of([[1, 2.0], [64, 10.0]]), host_ms_per_step=0.5, host_ms_per_row=0.01)
@@ -49,7 +50,7 @@ class Bench:
 
     def add(self, req_id: str, frames: int, prompt_len: int = 6, streaming: bool = True, **sampling: object) -> Request:
         params = SamplingParams(temperature=0.0, max_tokens=sampling.pop("max_tokens", frames * 2 + 2), **sampling)
-        req = Request(req_id, [[1]] * prompt_len, params, streaming=streaming)
+        req = Request(req_id, Prompt.of([[1]] * prompt_len), params, streaming=streaming)
         self.chunks[req_id] = []
         req.sink = lambda r, pcm, final: pcm and self.chunks[r.req_id].append((self.clock(), len(pcm) // 2))
         self.worker.set_length(req_id, frames)

@@ -9,10 +9,12 @@ import torch
 from vox_serve.rt.attention import (
     AttentionBuffers,
     AttentionPlan,
+    PlanInputs,
     TorchAttentionBackend,
     make_attention_backend,
-    paged_kv_csr,
+    paged_kv_offsets,
 )
+from vox_serve.rt.lm_batch import _kv_indices
 
 PAGE_SIZE = 4
 HEAD_DIM = 16
@@ -85,7 +87,8 @@ def make_step(backend, specs, num_rows: int, max_batch: int = 8, max_pages: int 
         start += qo_len
         qo_indptr[seq + 1] = start
     qo_indptr[len(specs) + 1 :] = start
-    plan = AttentionPlan(len(specs), [s[1] for s in specs], [s[0] + s[1] for s in specs])
+    decode = all(qo == 1 for _, qo in specs)
+    plan = AttentionPlan(len(specs), [s[1] for s in specs], [s[0] + s[1] for s in specs], decode=decode)
     bufs = AttentionBuffers(page_table.to(dev), kv_lens.to(dev), qo_indptr.to(dev), slot_mapping.to(dev))
     return Step(plan, bufs, q.to(dev), k.to(dev), v.to(dev), full_k, full_v)
 
@@ -102,8 +105,13 @@ def reference(q: torch.Tensor, full_k: torch.Tensor, full_v: torch.Tensor) -> to
     return torch.einsum("hqk,khd->qhd", probs, v)
 
 
+def plan_inputs(bufs: AttentionBuffers) -> PlanInputs:
+    """What the torch backend's planner reads (it needs no host CSR offsets)."""
+    return PlanInputs(None, None, None, None, max_pages_per_seq=bufs.page_table.shape[1])
+
+
 def run(backend, step: Step) -> torch.Tensor:
-    backend.plan(step.plan, step.bufs)
+    backend.plan(step.plan, plan_inputs(step.bufs))
     return backend.forward(LAYER, step.q, step.k, step.v, step.bufs)
 
 
@@ -220,7 +228,8 @@ def test_bfloat16_cache_stays_close_to_reference() -> None:
 
 
 def test_plan_properties_and_validation() -> None:
-    assert AttentionPlan(2, [1, 1], [5, 1]).is_decode
+    assert AttentionPlan(2, [1, 1], [5, 1], decode=True).is_decode
+    assert not AttentionPlan(2, [1, 1], [5, 1]).is_decode  # a prefill of one-token prompts stays a prefill
     mixed = AttentionPlan(2, [3, 1], [3, 9])
     assert not mixed.is_decode and mixed.num_tokens == 4
     with pytest.raises(ValueError):
@@ -260,7 +269,7 @@ def test_decode_cuda_graph_equals_eager() -> None:
     # Capture with short sequences (eager bucket would be 1 page) ...
     step = make_step(backend, [(0, 1), (2, 1), (1, 1)], num_rows=6, seed=1)
     q, k, v = step.q.clone(), step.k.clone(), step.v.clone()
-    backend.plan(step.plan, step.bufs)
+    backend.plan(step.plan, plan_inputs(step.bufs))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -275,7 +284,7 @@ def test_decode_cuda_graph_equals_eager() -> None:
     news = (long_step.q, long_step.k, long_step.v, *vars(long_step.bufs).values())
     for static, new in zip(statics, news, strict=True):
         static.copy_(new)
-    backend.plan(long_step.plan, step.bufs)
+    backend.plan(long_step.plan, plan_inputs(step.bufs))
     before = backend.kv_caches[LAYER].clone()
     graph.replay()
     torch.cuda.synchronize()
@@ -289,15 +298,17 @@ def test_decode_cuda_graph_equals_eager() -> None:
 
 
 def test_paged_kv_csr_lists_each_rows_used_pages_in_order() -> None:
+    """Host offsets (paged_kv_offsets) and the stage's device-side page indices (_kv_indices) together
+    form the CSR that host planners read: each row's used pages in order."""
     table = np.array([[7, 3, 9, 0], [5, 0, 0, 0], [0, 0, 0, 0], [2, 4, 6, 8]], dtype=np.int32)
     kv_lens = np.array([33, 16, 1, 64], dtype=np.int32)  # pages used: 3, 1, 1 (a padded row), 4
-    indptr, indices, last = np.full(5, -1, np.int32), np.full(16, -1, np.int32), np.full(4, -1, np.int32)
-    n = paged_kv_csr(table, kv_lens, 16, indptr, indices, last)
-    assert n == 9
-    assert indptr.tolist() == [0, 3, 4, 5, 9]
-    assert indices[:n].tolist() == [7, 3, 9, 5, 0, 2, 4, 6, 8]
-    assert last.tolist() == [1, 16, 1, 16]
+    indptr, last = np.full(5, -1, np.int32), np.full(4, -1, np.int32)
+    n = paged_kv_offsets(kv_lens, 16, indptr, last)
+    assert n == 9 and indptr.tolist() == [0, 3, 4, 5, 9] and last.tolist() == [1, 16, 1, 16]
+    indices = torch.full((16,), -1, dtype=torch.int32)
+    _kv_indices(torch.from_numpy(table), torch.from_numpy(indptr), indices)
+    assert indices[:n].tolist() == [7, 3, 9, 5, 0, 2, 4, 6, 8] and indices[n:].tolist() == [0] * 7
     # The same pages as the page table walked per position, which is what the torch backend reads.
     for row in range(4):
         positions = np.arange(kv_lens[row])
-        assert set(table[row, positions // 16]) == set(indices[indptr[row] : indptr[row + 1]])
+        assert set(table[row, positions // 16]) == set(indices[indptr[row] : indptr[row + 1]].tolist())

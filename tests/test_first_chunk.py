@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from orpheus_helpers import run_requests
 
+from tests.engine_helpers import build_program
 from vox_serve.cli import CliError, build_config, check_flags, given_flags
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
 from vox_serve.core.chunks import ChunkGeometry
-from vox_serve.engine.build import build_engine, build_program
+from vox_serve.engine import build_engine
 
 SAMPLES_PER_FRAME = 1920
 
@@ -51,7 +52,7 @@ def test_a_smaller_first_chunk_changes_only_the_chunking() -> None:
     for a, b in zip(plain, early, strict=True):
         assert a.tokens == b.tokens
         sizes = [len(c) // 2 // SAMPLES_PER_FRAME for c in b.extra["chunks"]]
-        assert sizes[0] == 2 and sum(sizes) == len(b.tokens)
+        assert sizes[0] == 2 and sum(sizes) == b.num_generated
         assert all(s == 10 for s in sizes[1:-1])
         pcm_a = np.frombuffer(b"".join(a.extra["chunks"]), dtype=np.int16).astype(np.int32)
         pcm_b = np.frombuffer(b"".join(b.extra["chunks"]), dtype=np.int16).astype(np.int32)
@@ -75,9 +76,11 @@ def test_the_engine_spec_publishes_the_first_chunk_stage() -> None:
                                        "--max-num-pages", "16"]), "python", False)
     spec = build_engine(build_config(kept, "python"))
     stage = spec["stages"]["codec_first"]
-    assert stage["frames"] == 2 and stage["inputs"] in spec["arenas"] and stage["outputs"] in spec["arenas"]
-    pcm = spec["arenas"][stage["outputs"]]["fields"][0]
-    assert pcm["name"] == "pcm" and pcm["shape"][1] == 2 * SAMPLES_PER_FRAME
+    assert spec["codec_window"]["first_chunk_frames"] == 2 and stage["buckets"] == spec["stages"]["codec"]["buckets"]
+    assert set(stage["callables"]) == {str(b) for b in stage["buckets"]}  # CPU: every bucket is a callable
+    outputs = {f["name"]: f for f in spec["arenas"]["step_out"]["fields"]}
+    assert outputs["codec_first_pcm"]["shape"][1] == 2 * SAMPLES_PER_FRAME
+    assert "codec_first_window_end" in spec["sections"]["codec_first"]
     plain, _ = check_flags(given_flags(["--model", "qwen3-tts-tiny", "--device", "cpu", "--max-num-pages", "16"]),
                            "python", False)
     assert "codec_first" not in build_engine(build_config(plain, "python"))["stages"]

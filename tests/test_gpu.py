@@ -1,8 +1,11 @@
-"""GPU tier (marker `gpu`, skipped without CUDA): graphs equal eager, FlashInfer equals the PyTorch
-backend, and the full-size Orpheus model loads with dummy weights and serves."""
+"""GPU tier (marker `gpu`, skipped without CUDA): graphs equal eager (Orpheus; Qwen3-TTS with its code
+predictor, codec slot pools, cloned-voice prompt vectors and first-chunk graphs), FlashInfer equals the
+PyTorch backend (bfloat16 and float16), and the full-size Orpheus model loads with dummy weights and
+serves."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -11,32 +14,32 @@ import numpy as np
 import pytest
 import torch
 
+from tests.engine_helpers import build_program, make_loop
+from tests.qwen3_tts_helpers import reference_wavs
 from vox_serve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, VoxConfig
-from vox_serve.engine.build import build_program
-from vox_serve.engine_loop import EngineLoop
 from vox_serve.request_builder import build_request
 from vox_serve.rt.attention import (
     AttentionBuffers,
     AttentionPlan,
+    PlanInputs,
     flashinfer_available,
     make_attention_backend,
-    paged_kv_csr,
+    paged_kv_offsets,
 )
-from vox_serve.scheduler.base import Scheduler
-from vox_serve.worker.program_worker import ProgramWorker
+from vox_serve.rt.lm_batch import _kv_indices
 
 pytestmark = pytest.mark.gpu
 
 
-def _run(config: VoxConfig, use_graphs: bool, n: int = 3, max_tokens: int = 70) -> list:
+def _run(config: VoxConfig, use_graphs: bool, n: int = 3, max_tokens: int = 70, fields: dict | None = None) -> list:
+    config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, disable_cuda_graph=not use_graphs))
     program = build_program(config)
-    loop = EngineLoop(Scheduler(program.meta, program.limits, config.scheduler),
-                      ProgramWorker(program, use_cuda_graphs=use_graphs))
+    loop = make_loop(program, config)
     reqs = []
     for i in range(n):
-        req = build_request(program.meta, program.preprocess,
-                            {"text": f"Request number {i}, with some text.", "max_tokens": max_tokens,
-                             "ignore_eos": True}, f"r{i}", greedy=True, seed=i)
+        req_fields = {"text": f"Request number {i}, with some text.", "max_tokens": max_tokens, "ignore_eos": True,
+                      **(fields or {})}
+        req = build_request(program.meta, program.preprocess, req_fields, f"r{i}", greedy=True, seed=i)
         req.extra["pcm"] = []
         req.sink = lambda r, pcm, final: pcm and r.extra["pcm"].append(pcm)
         loop.scheduler.add_request(req)
@@ -45,11 +48,22 @@ def _run(config: VoxConfig, use_graphs: bool, n: int = 3, max_tokens: int = 70) 
     return reqs
 
 
-def _config(backend: str, dtype: str = "float32", model: str = "orpheus-tiny") -> VoxConfig:
+def _config(backend: str, dtype: str = "float32", model: str = "orpheus-tiny", **scheduler: object) -> VoxConfig:
     return VoxConfig(model=ModelConfig(model=model, device="cuda", dtype=dtype, load_format="dummy"),
                      cache=CacheConfig(max_num_pages=512, max_model_len=512),
-                     scheduler=SchedulerConfig(max_batch_size=8, max_codec_batch=8, max_prefill_tokens=256),
+                     scheduler=SchedulerConfig(max_batch_size=8, max_codec_batch=8, max_prefill_tokens=256,
+                                               **scheduler),
                      engine=EngineConfig(attention_backend=backend))
+
+
+def _assert_same(eager: list, graphed: list, pcm_tol: float) -> None:
+    for a, b in zip(eager, graphed, strict=True):
+        assert a.error is None and b.error is None
+        assert a.tokens == b.tokens
+        pa = torch.frombuffer(bytearray(b"".join(a.extra["pcm"])), dtype=torch.int16).float()
+        pb = torch.frombuffer(bytearray(b"".join(b.extra["pcm"])), dtype=torch.int16).float()
+        assert pa.shape == pb.shape and pa.numel() > 0
+        assert (pa - pb).abs().max().item() <= pcm_tol
 
 
 @pytest.mark.parametrize("backend,dtype,model", [("torch", "float32", "orpheus-tiny"),
@@ -60,13 +74,20 @@ def test_graph_replay_equals_eager(backend: str, dtype: str, model: str) -> None
         pytest.skip("flashinfer not installed")
     eager = _run(_config(backend, dtype, model), use_graphs=False)
     graphed = _run(_config(backend, dtype, model), use_graphs=True)
-    for a, b in zip(eager, graphed, strict=True):
-        assert a.error is None and b.error is None
-        assert a.tokens == b.tokens
-        pa = torch.frombuffer(bytearray(b"".join(a.extra["pcm"])), dtype=torch.int16).float()
-        pb = torch.frombuffer(bytearray(b"".join(b.extra["pcm"])), dtype=torch.int16).float()
-        assert pa.shape == pb.shape and pa.numel() > 0
-        assert (pa - pb).abs().max().item() <= 2.0  # int16 steps: rounding of identical math
+    _assert_same(eager, graphed, pcm_tol=2.0)  # int16 steps: rounding of identical math
+
+
+@pytest.mark.parametrize("model,fields", [("qwen3-tts-tiny", {}),
+                                          ("qwen3-tts-base-tiny", {"x_vector_only_mode": True})])
+def test_qwen3_graph_replay_equals_eager(model: str, fields: dict) -> None:
+    """The talker, the code predictor's 15 sub-steps and the codec's slot pools inside the graphs, with a
+    smaller first chunk (its own graphs); Base adds the speaker embedding as a prompt vector."""
+    if model.startswith("qwen3-tts-base"):
+        fields = {**fields, "audio": reference_wavs()["sine"]}
+    kw = {"first_chunk_frames": 2, "detokenize_interval": 4}
+    eager = _run(_config("torch", "float32", model, **kw), use_graphs=False, max_tokens=23, fields=fields)
+    graphed = _run(_config("torch", "float32", model, **kw), use_graphs=True, max_tokens=23, fields=fields)
+    _assert_same(eager, graphed, pcm_tol=2.0)
 
 
 @pytest.mark.skipif(not flashinfer_available(), reason="flashinfer not installed")
@@ -96,18 +117,20 @@ def test_flashinfer_equals_torch_backend(dtype: torch.dtype) -> None:
             table[s, : len(pg)] = torch.tensor(pg)
         indptr = torch.tensor([0, *torch.tensor(qo_lens).cumsum(0).tolist()], dtype=torch.int32)
         kv_indptr = torch.zeros(len(qo_lens) + 1, dtype=torch.int32).pin_memory()
-        kv_indices = torch.zeros(table.numel(), dtype=torch.int32)
         last = torch.zeros(len(qo_lens), dtype=torch.int32).pin_memory()
-        paged_kv_csr(table.numpy(), np.array(kv_lens), 16, kv_indptr.numpy(), kv_indices.numpy(), last.numpy())
+        paged_kv_offsets(np.array(kv_lens), 16, kv_indptr.numpy(), last.numpy())
+        kv_indices = torch.zeros(table.numel(), dtype=torch.int32, device="cuda")
+        _kv_indices(table.cuda(), kv_indptr.cuda(), kv_indices)
         bufs = AttentionBuffers(table.cuda(), torch.tensor(kv_lens, dtype=torch.int32).cuda(), indptr.cuda(),
-                                torch.tensor(slots).cuda(), kv_indices.cuda(), kv_indptr, last, indptr.pin_memory())
-        plan = AttentionPlan(len(qo_lens), qo_lens, kv_lens, pages, len(qo_lens))
+                                torch.tensor(slots).cuda(), kv_indices, kv_indptr, last, indptr.pin_memory())
+        inputs = PlanInputs(kv_indptr, last, indptr.pin_memory(), kv_indices, max_pages_per_seq=8)
+        plan = AttentionPlan(len(qo_lens), qo_lens, kv_lens, num_rows=len(qo_lens), decode=max(qo_lens) == 1)
         q = torch.randn(t, 24, 128, generator=gen).to(dtype).cuda()
         k = torch.randn(t, 8, 128, generator=gen).to(dtype).cuda()
         v = torch.randn(t, 8, 128, generator=gen).to(dtype).cuda()
         outs = []
         for backend in (ref, fi):
-            backend.plan(plan, bufs)
+            backend.plan(plan, inputs)
             outs.append(backend.forward(0, q, k, v, bufs).float())
         rel = (outs[0] - outs[1]).norm() / outs[0].norm()
         assert rel.item() < 2e-2

@@ -80,7 +80,7 @@ def test_greedy_tokens_match_transformers(tiny_orpheus_dir: Path, constrain: boo
     reqs = run_requests(program, config, fields)
     assert program.meta.default_sampling["repetition_window"] >= 40
     for req in reqs:
-        prompt = [row[0] for row in req.prompt_ids]
+        prompt = [row[0] for row in req.prompt.ids.tolist()]
         ours = [row[0] for row in req.tokens]
         ref = reference_generate(tiny_orpheus_dir, prompt, 40, constrain, penalty)
         assert ours == ref
@@ -114,7 +114,7 @@ def test_streamed_audio_matches_reference_windows(tiny_orpheus_dir: Path, frames
     """
     program, config = make_program(tiny_orpheus_dir, frames_per_chunk=frames_per_chunk)
     (req,) = run_requests(program, config, [{"text": TEXT, "max_tokens": 7 * num_frames, "ignore_eos": True}])
-    assert len(req.codes) == 7 * num_frames
+    assert req.num_codes == 7 * num_frames
     ref = reference_snac(tiny_orpheus_dir)
     expected = []
     for start in range(1, num_frames - 2, frames_per_chunk):

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 from orpheus_helpers import make_program, run_requests
 
+from tests.engine_helpers import engine_worker
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.scheduler.base import Scheduler
-from vox_serve.worker.program_worker import ProgramWorker
 
 FIELDS = [{"text": "The first request has a fairly long sentence to say.", "max_tokens": 63, "ignore_eos": True},
           {"text": "And the second one, a bit shorter.", "voice": "zoe", "max_tokens": 63, "ignore_eos": True}]
@@ -45,7 +45,7 @@ def test_preemption_under_kv_pressure_equals_unconstrained(tiny_orpheus_dir: Pat
     preemptions = []
     original = scheduler._preempt
     scheduler._preempt = lambda req: (preemptions.append(req.req_id), original(req))
-    loop = EngineLoop(scheduler, ProgramWorker(program))
+    loop = EngineLoop(scheduler, engine_worker(program), record=True)
     tight = _tokens_and_audio(run_requests(program, config, FIELDS, loop))
     assert preemptions, "the pool was large enough: the test did not exercise preemption"
     assert_same(tight, roomy)

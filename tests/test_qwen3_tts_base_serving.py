@@ -15,8 +15,8 @@ import torch
 from http_harness import Server, parse_wav, running_server, wait_until
 from qwen3_tts_helpers import run_requests
 
+from tests.engine_helpers import build_program
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
-from vox_serve.engine.build import build_program
 from vox_serve.models.qwen3_tts.clone import load_cloner
 from vox_serve.models.qwen3_tts.loader import QWEN3_TTS_IDS, dummy_config
 from vox_serve.models.registry import FAMILIES, family_of
@@ -47,16 +47,16 @@ def test_tiny_base_clones_a_voice_through_the_engine(base) -> None:
     meta = program.meta
     assert {"audio", "ref_text", "x_vector_only_mode"} <= set(meta.accepted_fields)
     assert "voice" not in meta.accepted_fields and "instruct" not in meta.accepted_fields
-    assert meta.voices == () and meta.prompt_embed_dim == program.talker.cfg.hidden_size
+    assert meta.voices == () and meta.layout.prompt_vector_dim == program.talker.cfg.hidden_size
     fields = [  # in-context and x-vector-only, from 24 kHz and 16 kHz (resampled) uploads
         {"text": "Hello there.", "audio": clip(), "ref_text": "A clip.", "max_tokens": 7, "ignore_eos": True},
         {"text": "Hello there.", "audio": clip(16000, freq=330.0), "max_tokens": 7, "ignore_eos": True},
     ]
     reqs, _ = run_requests(program, config, fields)
     for req in reqs:
-        assert len(req.tokens) == 7 and all(0 <= c < 2048 for c in req.codes)
+        assert req.num_generated == 7 and all(0 <= c < 2048 for c in req.codes)
         assert sum(len(c) for c in req.extra["chunks"]) == 7 * 1920 * 2
-    assert len(reqs[0].prompt_ids) > len(reqs[1].prompt_ids)  # the reference frames and transcript
+    assert len(reqs[0].prompt.ids.tolist()) > len(reqs[1].prompt.ids.tolist())  # the reference frames and transcript
     assert reqs[0].tokens != reqs[1].tokens
 
 

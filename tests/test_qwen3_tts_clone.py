@@ -74,16 +74,16 @@ def test_prompt_embeddings_match_reference(clone_setup) -> None:
     program, _ = make_program(ckpt)
     for i, ref in enumerate(refs):
         prompt = program.preprocess({k: v for k, v in fields(i, wavs).items() if k != "max_tokens"})
-        (row, vector), = prompt.embeds.items()
-        assert prompt.ids[row][:-1] == [-1] * 4  # the speaker position holds no code, only the vector
+        (row, vector), = prompt.vectors.items()
+        assert prompt.ids[row][:-1].tolist() == [-1] * 4  # the speaker position holds no code, only the vector
         with torch.no_grad():
-            ours = program.talker.embed(torch.tensor(prompt.ids), program.ids.tts_pad)
-            ours[row] += torch.tensor(vector)
+            ours = program.talker.embed(torch.from_numpy(prompt.ids).long(), program.ids.tts_pad)
+            ours[row] += torch.from_numpy(vector)
         assert ours.shape == ref["embeds"].shape
         torch.testing.assert_close(ours, ref["embeds"], rtol=1e-5, atol=1e-5)
         if not CASES[i][2]:  # in-context: the reference frames close the prompt, all code groups present
             frames = ref["ref_codes"].tolist()
-            assert [r[:-1] for r in prompt.ids[-len(frames):]] == frames
+            assert [r[:-1] for r in prompt.ids[-len(frames):].tolist()] == frames
 
 
 def test_greedy_codes_match_reference_batched(clone_setup) -> None:

@@ -20,9 +20,9 @@ from qwen3_tts_helpers import (
     reference_wavs,
 )
 
+from tests.engine_helpers import build_program
 from vox_serve import ipc
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
-from vox_serve.engine.build import build_program
 
 FRAMES = 48  # longer than the texts: frames past the text get tts_eos, then tts_pad
 DRY_STEPS = 40  # more steps than a text has tokens: the text runs dry
@@ -54,10 +54,10 @@ def test_streaming_clone_prompt_embeds_like_the_reference(clone_setup) -> None:
         ids, _ = program.stable_text_ids(CASES[i][1], 0, True)
         fields = {**session_fields(i), "audio": wavs[CASES[i][2]]}
         prompt = program.preprocess_streaming(fields, ids[: program.num_prompt_text_ids])
-        (row, vector), = prompt.embeds.items()
+        (row, vector), = prompt.vectors.items()
         with torch.no_grad():
-            ours = program.talker.embed(torch.tensor(prompt.ids), program.ids.tts_pad)
-            ours[row] += torch.tensor(vector)
+            ours = program.talker.embed(torch.from_numpy(prompt.ids).long(), program.ids.tts_pad)
+            ours[row] += torch.from_numpy(vector)
         torch.testing.assert_close(ours, ref["embeds"], rtol=1e-5, atol=1e-5)
 
 
@@ -74,7 +74,7 @@ def test_streamed_clone_text_gives_the_reference_codes(clone_setup) -> None:
     driver.end("s1")
     driver.steps(DRY_STEPS)
     dry = driver.reqs["s0"]
-    assert driver.scheduler.num_waiting_for_text == 1 and len(dry.tokens) == len(dry.text_feed.ids) + 1
+    assert driver.scheduler.num_waiting_for_text == 1 and dry.num_generated == len(dry.text_feed.ids) + 1
     driver.text("s0", texts[0][9:])
     driver.steps(2)
     driver.end("s0")

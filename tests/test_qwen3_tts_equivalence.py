@@ -96,7 +96,7 @@ def test_greedy_codes_match_reference(checkpoints, reference, group: str) -> Non
         want = ref["codes"]
         assert torch.tensor(req.tokens).tolist() == want.tolist()
         assert req.finish_reason == ("stop" if len(want) < FRAMES else "length")
-    stopped = [len(r.tokens) for r in reqs if r.finish_reason == "stop"]
+    stopped = [r.num_generated for r in reqs if r.finish_reason == "stop"]
     if group == "eos-x2":
         assert stopped and len(stopped) < len(reqs)  # the group covers both endings
     if group == "eos-x-5":
@@ -120,7 +120,7 @@ def test_prompt_matches_reference(checkpoints, reference) -> None:
         program, _ = make_program(checkpoints[ckpt])
         for prompt, ref in zip(prompts, reference[group], strict=True):
             fields = {k: v for k, v in case_fields(prompt, FRAMES).items() if k != "max_tokens"}
-            rows = program.preprocess(fields)
+            rows = program.preprocess(fields).ids.tolist()
             text = [r[-1] for r in rows]
             assert ref["input_ids"][3:-5] == text[-len(ref["input_ids"][3:-5]) - 2: -2]
             if ref["instruct_ids"] is not None:
@@ -189,8 +189,8 @@ def test_prompt_rules() -> None:
 
 def test_tiny_registry_model_samples_and_decodes() -> None:
     """`qwen3-tts-tiny` (no checkpoint) builds from the registry and streams audio with default sampling."""
+    from tests.engine_helpers import build_program
     from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
-    from vox_serve.engine.build import build_program
 
     config = VoxConfig(model=ModelConfig(model="qwen3-tts-tiny", device="cpu"),
                        cache=CacheConfig(page_size=16, max_num_pages=64),
@@ -203,6 +203,6 @@ def test_tiny_registry_model_samples_and_decodes() -> None:
               {"text": "Hello there.", "voice": "eric", "max_tokens": 7, "ignore_eos": True, "seed": 5}]
     reqs, _ = run_requests(program, config, fields, greedy=False)
     for req in reqs:
-        assert len(req.tokens) == 7 and all(0 <= c < 2048 for c in req.codes)
+        assert req.num_generated == 7 and all(0 <= c < 2048 for c in req.codes)
         assert sum(len(c) for c in req.extra["chunks"]) == 7 * 1920 * 2
     assert reqs[0].tokens != reqs[1].tokens

@@ -124,15 +124,15 @@ def test_a_request_whose_text_runs_dry_waits_then_resumes_with_the_same_codes(ch
     driver.steps(DRY_STEPS // 2)
     req, other = driver.reqs["dry"], driver.reqs["full"]
     fed = len(req.text_feed.ids)
-    assert 0 < fed < len(first) and len(req.tokens) == fed + 1  # the prompt's text id, then one per frame
+    assert 0 < fed < len(first) and req.num_generated == fed + 1  # the prompt's text id, then one per frame
     assert driver.scheduler.num_waiting_for_text == 1
-    before = len(other.tokens)
+    before = other.num_generated
     driver.steps(DRY_STEPS // 2)
-    assert len(req.tokens) == fed + 1 and len(other.tokens) > before
+    assert req.num_generated == fed + 1 and other.num_generated > before
     assert driver.service.pools()["kv_pages"][0] < driver.service.pools()["kv_pages"][1]  # pages kept
     driver.text("dry", rest)
     driver.steps(DRY_STEPS)
-    assert len(req.tokens) == len(req.text_feed.ids) + 1  # dry again: "test." waits for the end
+    assert req.num_generated == len(req.text_feed.ids) + 1  # dry again: "test." waits for the end
     driver.end("dry")
     driver.finish()
     check_codes(driver, "dry", reference[0])
@@ -143,7 +143,7 @@ def test_streaming_prompt_embeds_like_the_reference(checkpoints, reference) -> N
     for case, ref in zip(CASES[:3], reference[:3], strict=True):
         program, _ = make_program(checkpoints[case["kind"]])
         ids, _ = program.stable_text_ids(case["text"], 0, True)
-        rows = program.preprocess_streaming(session_fields(case), ids[: program.num_prompt_text_ids])
+        rows = program.preprocess_streaming(session_fields(case), ids[: program.num_prompt_text_ids]).ids.tolist()
         with torch.no_grad():
             ours = program.talker.embed(torch.tensor(rows), program.ids.tts_pad)
         torch.testing.assert_close(ours, ref["embeds"], rtol=1e-5, atol=1e-5)

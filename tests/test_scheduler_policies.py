@@ -33,7 +33,7 @@ def test_base_prefills_new_requests_first_and_decodes_every_running_one() -> Non
 def test_base_decodes_a_chunk_in_the_first_step_after_it_is_ready() -> None:
     b = Bench("base")
     req = b.add("r0", frames=20)
-    while len(req.codes) < 4 * 2:  # chunk 0 needs 4 frames
+    while req.num_codes < 4 * 2:  # chunk 0 needs 4 frames
         assert not b.step().codec
     assert [(r.req_id, r.chunk_index) for r in b.step().codec] == [("r0", 0)]
 
@@ -86,7 +86,7 @@ def test_online_decodes_a_stream_just_in_time_and_holds_audio_otherwise() -> Non
 def test_online_other_ready_chunks_join_a_pressing_batch_while_it_has_room() -> None:
     b = Bench("online", lim=limits(max_codec_batch=3))
     batch = b.add("batch", frames=150, streaming=False)  # not pressing while it generates tokens
-    while batch.next_chunk + 3 > len(batch.codes) // 2 // 2:
+    while batch.next_chunk + 3 > batch.num_codes // 2 // 2:
         assert not b.step().codec, "decoded audio without a pressing chunk"
     new = b.add("new", frames=20)
     while not b.scheduler.has_ready_chunk(new):
@@ -185,7 +185,7 @@ def test_deadline_admits_new_requests_by_first_audio_deadline() -> None:
 
 def _stream_about_to_underrun(b: Bench, streaming: bool = True):  # noqa: ANN202
     req = b.add("old", frames=200, streaming=streaming)
-    while not b.chunks["old"] if streaming else len(req.codes) < 40:
+    while not b.chunks["old"] if streaming else req.num_codes < 40:
         b.step()
     if streaming:  # the client has played almost all it received
         b.clock.advance_to(req.stats.first_audio + req.stats.num_audio_samples / SR - 0.005)

@@ -40,10 +40,9 @@ def _arrivals(specs: list[tuple]) -> list[Arrival]:
 
 def _check_pools(scheduler, worker) -> None:  # noqa: ANN001
     scheduler.pool.check()
-    if scheduler.slots is not None:
-        scheduler.slots.check()
+    scheduler.table.pool.check()
     held = set(scheduler.pool.owners())
-    alive = {r.req_id for r in scheduler.running} | scheduler._free_later
+    alive = {r.req_id for r in scheduler.running} | set(scheduler._free_later)
     assert held <= alive, f"pages held by requests that are not running: {held - alive}"
 
 
@@ -51,10 +50,10 @@ def _run(policy: str, specs: list[tuple], async_scheduling: bool, stateful: bool
          max_batch: int, max_codec_batch: int):  # noqa: ANN202
     profile = PROFILE.with_meta(stateful_codec=True) if stateful else PROFILE
     lim = dataclasses.replace(limits(max_batch=max_batch, num_pages=num_pages, max_codec_batch=max_codec_batch),
-                              num_codec_slots=3 if stateful else 0)
+                              num_slots=3 if stateful else 0)
     config = scheduler_config(policy, profile.costs, lim, async_scheduling=async_scheduling,
                               deadline_startup_ms=300.0, deadline_max_prefill_deferral_ms=200.0)
-    sim = Simulation(profile, config, lim, _arrivals(specs), on_step=_check_pools)
+    sim = Simulation(profile, config, lim, _arrivals(specs), on_step=_check_pools, record=True)
     return sim, sim.run()
 
 
@@ -70,7 +69,7 @@ def test_every_request_finishes_with_all_its_audio_and_nothing_leaks(
         assert trace.error is None, (trace.req_id, trace.error)
         req = sim.requests[trace.req_id]
         assert req.status is RequestStatus.FINISHED
-        num_frames = len(req.codes) // META.codes_per_frame
+        num_frames = req.num_codes // META.codes_per_frame
         if not req.sampling.ignore_eos:
             assert num_frames == sim.worker.lengths[req.req_id]
         assert trace.num_samples == expected_samples(num_frames), "audio lost or duplicated"
@@ -79,8 +78,7 @@ def test_every_request_finishes_with_all_its_audio_and_nothing_leaks(
     assert not scheduler.requests and not scheduler.running and not scheduler.draining and not scheduler.waiting
     assert scheduler.pool.num_free == scheduler.pool.num_usable, "KV pages leaked"
     assert not scheduler._free_later
-    if scheduler.slots is not None:
-        assert scheduler.slots.num_free == scheduler.slots.num_slots, "codec slots leaked"
+    assert scheduler.table.num_free == scheduler.table.num_slots, "request slots leaked"
 
 
 @settings(max_examples=40, deadline=None)
@@ -114,7 +112,7 @@ def test_requests_whose_text_arrives_late_or_runs_dry_wait_and_all_finish(
     that frame k got text id k, then the end-of-text id, then none (nothing ran before its text arrived);
     every request still finishes with all its audio, and the pools end full."""
     profile = PROFILE.with_meta(input_columns=2, streamed_text_column=1, stateful_codec=True)
-    lim = dataclasses.replace(limits(max_batch=max_batch, num_pages=num_pages), num_codec_slots=3)
+    lim = dataclasses.replace(limits(max_batch=max_batch, num_pages=num_pages), num_slots=3)
     arrivals = []
     for i, (t, prompt, frames, streaming, pieces, end) in enumerate(specs):
         arrivals.append(Arrival(t, f"s{i}", prompt, frames, streaming,
@@ -127,9 +125,9 @@ def test_requests_whose_text_arrives_late_or_runs_dry_wait_and_all_finish(
     for trace in run.traces:
         assert trace.error is None, (trace.req_id, trace.error)
         req = sim.requests[trace.req_id]
-        num_frames = len(req.codes) // META.codes_per_frame
+        num_frames = req.num_codes // META.codes_per_frame
         assert num_frames == sim.worker.lengths[req.req_id]
         assert trace.num_samples == expected_samples(num_frames), "audio lost or duplicated"
     scheduler = sim.scheduler
     assert not scheduler.requests and scheduler.pool.num_free == scheduler.pool.num_usable
-    assert scheduler.slots.num_free == scheduler.slots.num_slots
+    assert scheduler.table.num_free == scheduler.table.num_slots

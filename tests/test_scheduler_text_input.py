@@ -1,5 +1,5 @@
 """Requests whose text streams in (a model that feeds one text id per frame), on the simulated engine:
-while its text has run dry a request waits, keeps its KV pages and codec slot, still gets its ready
+while its text has run dry a request waits, keeps its KV pages and slot, still gets its ready
 audio decoded, and holds up no one; it resumes when text arrives and finishes after the end."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ POLICIES = ("base", "online", "offline", "deadline")
 
 
 def bench(policy: str, **config: object) -> Bench:
-    return Bench(policy, TEXT_META, dataclasses.replace(limits(), num_codec_slots=4), **config)
+    return Bench(policy, TEXT_META, dataclasses.replace(limits(), num_slots=4), **config)
 
 
 def add_streaming(b: Bench, req_id: str, num_ids: int, frames: int = 30) -> Request:
@@ -48,8 +48,8 @@ def test_a_request_out_of_text_waits_with_its_pages_and_slot_and_others_run(poli
     dry = add_streaming(b, "dry", num_ids=11)
     other = b.add("other", frames=20)
     run_until(b, lambda: finished(other))  # the other request is not held up
-    assert dry.status is RequestStatus.RUNNING and len(dry.tokens) == 12  # the prompt's token, then one per id
-    assert b.scheduler.pool.pages("dry") and b.scheduler.slots.slot("dry") is not None
+    assert dry.status is RequestStatus.RUNNING and dry.num_generated == 12  # the prompt's token, then one per id
+    assert b.scheduler.pool.pages("dry") and b.scheduler.table.pool.slot("dry") is not None
     assert b.chunks["dry"], "frames generated before the text ran dry are decoded to audio"
     assert b.scheduler.num_waiting_for_text == 1
     for _ in range(5):
@@ -57,20 +57,19 @@ def test_a_request_out_of_text_waits_with_its_pages_and_slot_and_others_run(poli
         assert not plan.prefill and not plan.decode
     more_text(b, dry, 9, ended=True)
     run_until(b, lambda: finished(dry))
-    assert len(dry.tokens) == 60  # its stop (the worker's script: 30 frames), well after the end of its text
+    assert dry.num_generated == 60  # its stop (the worker's script: 30 frames), well after the end of its text
     assert b.scheduler.pool.num_free == b.scheduler.pool.num_usable
-    assert b.scheduler.slots.num_free == b.scheduler.slots.num_slots
+    assert b.scheduler.table.num_free == b.scheduler.table.num_slots
 
 
 def test_aborting_a_request_that_waits_for_text_frees_everything() -> None:
     b = bench("base")
     dry = add_streaming(b, "dry", num_ids=8)
-    run_until(b, lambda: b.scheduler.num_waiting_for_text == 1 and b.scheduler.slots.slot("dry") is not None)
+    run_until(b, lambda: b.scheduler.num_waiting_for_text == 1 and b.scheduler.table.pool.slot("dry") is not None)
     assert b.scheduler.abort("dry", "timed out")
     assert dry.status is RequestStatus.ABORTED and not b.scheduler.has_work()
     assert b.scheduler.pool.num_free == b.scheduler.pool.num_usable
-    b.step()  # the released codec slot is handed to the worker with the next plan
-    assert b.scheduler.slots.num_free == b.scheduler.slots.num_slots
+    assert b.scheduler.table.num_free == b.scheduler.table.num_slots
 
 
 def test_the_engine_loop_waits_for_text_instead_of_failing_a_request_that_cannot_be_admitted() -> None:

@@ -6,17 +6,18 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from tests.sim_helpers import COSTS, PROFILE, Bench, limits
-from vox_serve.core.plan import CodecRow, StepPlan
+from vox_serve.core.plan import CodecLaunch, StepPlan
 from vox_serve.core.request import RequestStatus
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.sim.calibrate import profile_from_trace
 from vox_serve.sim.clock import VirtualClock
 from vox_serve.sim.cost import Curve, Profile, load_profile
 from vox_serve.sim.driver import EngineOptions, simulate
-from vox_serve.sim.worker import PlanError, SimWorker
+from vox_serve.sim.worker import PlanError, SimSlot, SimWorker
 from vox_serve.sim.workload import Arrival, WorkloadSpec, poisson_workload
 from vox_serve.trace import read_trace
 
@@ -49,27 +50,39 @@ def test_virtual_clock_moves_only_forward() -> None:
         clock.advance(-1)
 
 
-def _codec_row(req_id: str, chunk: int, slot: int = 0) -> CodecRow:
-    return CodecRow(req_id, chunk, [[0, 0]] * 4, 2, 2 * chunk, 0, slot)
+def _codec(*rows: tuple[str, int, int]) -> CodecLaunch:
+    """Chunks (req_id, chunk, slot) of the toy geometry: chunk c reads frames 2c .. 2c + 3."""
+    n = len(rows)
+    col = lambda values: np.asarray(values, dtype=np.int32)  # noqa: E731
+    return CodecLaunch([r[0] for r in rows], col([r[2] for r in rows]), col([r[1] for r in rows]),
+                       col([2 * r[1] for r in rows]), col([2 * r[1] + 4 for r in rows]), col([2] * n),
+                       np.zeros(n, dtype=np.bool_))
 
 
-def test_the_worker_rejects_chunks_out_of_order_or_twice() -> None:
-    w = SimWorker(PROFILE.meta, limits(), COSTS, VirtualClock())
-    w.execute(StepPlan(1, codec=[_codec_row("a", 0), _codec_row("a", 1)]))
+def _worker(meta=PROFILE.meta, frames: int = 10) -> SimWorker:  # noqa: ANN001
+    """A simulated worker whose slots 0 and 1 hold requests a and b with `frames` frames of codes."""
+    w = SimWorker(meta, limits(), COSTS, VirtualClock())
+    for slot, name in enumerate("ab"):
+        w.slots[slot] = SimSlot(name, 4, 0, True, codes=[0] * (frames * meta.codes_per_frame))
+    return w
+
+
+def test_the_worker_rejects_chunks_out_of_order_twice_or_ahead_of_their_frames() -> None:
+    w = _worker()
+    w.execute(StepPlan(1, codec=_codec(("a", 0, 0), ("a", 1, 0))))
     with pytest.raises(PlanError, match="expected chunk 2"):
-        w.execute(StepPlan(2, codec=[_codec_row("a", 1)]))
+        w.execute(StepPlan(2, codec=_codec(("a", 1, 0))))
+    with pytest.raises(PlanError, match="frames that do not exist"):
+        w.execute(StepPlan(3, codec=_codec(("b", 0, 1), ("b", 1, 1), ("b", 2, 1), ("b", 3, 1), ("b", 4, 1))))
+    with pytest.raises(PlanError, match="never admitted"):
+        w.execute(StepPlan(4, codec=_codec(("c", 0, 5))))
 
 
 def test_the_worker_rejects_two_chunks_of_one_request_in_a_stateful_codec_batch() -> None:
-    meta = dataclasses.replace(PROFILE.meta, stateful_codec=True)
-    w = SimWorker(meta, limits(), COSTS, VirtualClock())
-    with pytest.raises(PlanError, match="two chunks in one batch"):
-        w.execute(StepPlan(1, codec=[_codec_row("a", 0, 1), _codec_row("a", 1, 1)]))
-    w = SimWorker(meta, limits(), COSTS, VirtualClock())
-    w.execute(StepPlan(1, codec=[_codec_row("a", 0, 1)]))
-    with pytest.raises(PlanError, match="holds the state of a"):
-        w.execute(StepPlan(2, codec=[_codec_row("b", 0, 1)]))
-    w.execute(StepPlan(3, codec=[_codec_row("b", 0, 1)], released_slots=[1]))
+    w = _worker(dataclasses.replace(PROFILE.meta, stateful_codec=True))
+    with pytest.raises(PlanError, match="two chunks of one request"):
+        w.execute(StepPlan(1, codec=_codec(("a", 0, 0), ("a", 1, 0))))
+    w.execute(StepPlan(2, codec=_codec(("a", 0, 0), ("b", 0, 1))))
 
 
 def test_a_step_that_breaks_the_contract_fails_only_its_requests() -> None:
@@ -77,7 +90,7 @@ def test_a_step_that_breaks_the_contract_fails_only_its_requests() -> None:
     good, bad = b.add("good", frames=10), b.add("bad", frames=10)
     loop = EngineLoop(b.scheduler, b.worker)
     loop.step()
-    b.worker._kv["bad"] = 99  # the worker now expects "bad" elsewhere: its next row breaks the contract
+    b.worker.slots[bad.slot].kv_len = 99  # the worker now expects "bad" elsewhere: its next row breaks the contract
     loop.step()
     assert bad.status is RequestStatus.FAILED and "starts at" in bad.error
     assert good.status is RequestStatus.FAILED  # it shared the failing step
@@ -90,7 +103,7 @@ def test_outputs_stop_at_the_scripted_length_and_time_follows_the_cost_model() -
     b = Bench("base")
     req = b.add("r0", frames=7)
     b.run()
-    assert len(req.codes) == 14 and req.finish_reason == "stop"
+    assert req.num_codes == 14 and req.finish_reason == "stop"
     s = b.worker.stats
     assert s.steps > 14 and s.device_seconds > 0
     assert b.clock() == pytest.approx(s.host_seconds + s.device_seconds)  # synchronous: host + device

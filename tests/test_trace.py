@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.engine_helpers import make_loop
 from tests.orpheus_helpers import make_program, run_requests
 from tests.sim_helpers import COSTS, PROFILE
-from vox_serve.engine_loop import EngineLoop
-from vox_serve.scheduler.base import Scheduler
 from vox_serve.sim.driver import EngineOptions, simulate
 from vox_serve.sim.workload import Arrival
 from vox_serve.trace import Tracer, read_trace
-from vox_serve.worker.program_worker import ProgramWorker
 
 
 def test_simulated_run_traces_decisions_with_reasons_and_stage_times(tmp_path: Path) -> None:
@@ -37,12 +35,11 @@ def test_simulated_run_traces_decisions_with_reasons_and_stage_times(tmp_path: P
 def test_real_worker_traces_wall_time_of_every_stage_on_cpu(tiny_orpheus_dir: Path, tmp_path: Path) -> None:
     program, config = make_program(tiny_orpheus_dir)
     tracer = Tracer(tmp_path, timer="wall")
-    loop = EngineLoop(Scheduler(program.meta, program.limits, config.scheduler), ProgramWorker(program),
-                      tracer=tracer)
+    loop = make_loop(program, config, tracer=tracer)
     run_requests(program, config, [{"text": "Hi there.", "max_tokens": 28, "ignore_eos": True}], loop=loop)
     tracer.close()
     records = list(read_trace(tracer.path))
     stages = [r for r in records if r["type"] == "stage"]
-    assert {r["stage"] for r in stages} == {"prefill", "decode", "codec"}
+    assert {r["stage"] for r in stages} == {"prologue", "prefill", "decode", "codec"}
     assert all(r["device_ms"] > 0 and r["timer"] == "wall" for r in stages)
     assert len([r for r in records if r["type"] == "schedule"]) == len({r["step"] for r in stages})

@@ -9,20 +9,22 @@ from pathlib import Path
 from vox_serve.audio import write_wav
 from vox_serve.config import VoxConfig
 from vox_serve.core.request import Request
-from vox_serve.engine.build import build_program
+from vox_serve.engine import build_engine, get_engine
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.request_builder import FieldError, build_request
+from vox_serve.rt.program import Program
 from vox_serve.scheduler.factory import make_scheduler
-from vox_serve.worker.program_worker import ProgramWorker, startup_report
+from vox_serve.worker.engine_worker import EngineWorker
 
 
-def build_loop(config: VoxConfig) -> tuple[EngineLoop, object]:
-    program = build_program(config)
-    scheduler = make_scheduler(program.meta, program.limits, config.scheduler)
-    worker = ProgramWorker(program, use_cuda_graphs=not config.engine.disable_cuda_graph,
-                           nvtx=config.engine.enable_nvtx)
-    print(startup_report(program, worker), file=sys.stderr)
-    return EngineLoop(scheduler, worker, nvtx=config.engine.enable_nvtx), program
+def build_loop(config: VoxConfig, record: bool = False) -> tuple[EngineLoop, Program]:
+    """The Python runtime's loop for one replica: the engine built and captured, driven through its spec.
+    The program is returned for its prompt builder (`preprocess`), which runs off the step path."""
+    spec = build_engine(config)
+    worker = EngineWorker(spec, time_stages=config.scheduler.trace_dir is not None, nvtx=config.engine.enable_nvtx)
+    scheduler = make_scheduler(worker.meta, worker.limits, config.scheduler)
+    loop = EngineLoop(scheduler, worker, nvtx=config.engine.enable_nvtx, record=record)
+    return loop, get_engine(spec["engine_id"]).program
 
 
 def run_bench(config: VoxConfig) -> int:

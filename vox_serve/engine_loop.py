@@ -2,9 +2,13 @@
 
 Synchronous (default): plan a step, run it, apply its results. With `--async-scheduling` the
 loop plans and launches step k+1 before it collects step k, so the host plans while the device
-runs; the scheduler and the worker handle the tokens that step k has not returned yet
-(`LmRow.pending_input`). Any worker with `launch(plan) -> handle` and `collect(handle) ->
-StepResult` drives it: the program worker, or the simulated engine (vox_serve/sim).
+runs; a request decoding in both steps takes its input for k+1 from its slot's token history on
+the device, where step k writes it. Any worker with `launch(plan) -> handle` and `collect(handle)
+-> StepResult` drives it: the engine worker, or the simulated engine (vox_serve/sim).
+
+`record=True` (tests, debugging) copies each request's generated tokens and codes back from the
+device when it ends (`worker.read_outputs`) into `Request.tokens` / `Request.codes`; serving never
+reads them.
 """
 
 from __future__ import annotations
@@ -32,11 +36,15 @@ class Worker(Protocol):
 
     def collect(self, handle: Any) -> StepResult: ...
 
+    def read_outputs(self, slot: int, num_tokens: int, num_codes: int) -> tuple[list[list[int]], list[int]]: ...
+
 
 class EngineLoop:
     def __init__(self, scheduler: Scheduler, worker: Worker, async_scheduling: bool | None = None,
-                 tracer: Tracer | None = None, nvtx: bool = False) -> None:
+                 tracer: Tracer | None = None, nvtx: bool = False, record: bool = False) -> None:
         self.scheduler, self.worker = scheduler, worker
+        if record:
+            scheduler.on_release = self._record
         self.nvtx = nvtx
         config = scheduler.config
         self.async_scheduling = config.async_scheduling if async_scheduling is None else async_scheduling
@@ -48,6 +56,9 @@ class EngineLoop:
         self.num_steps = 0
         self._idle_steps = 0
         self._in_flight: tuple[StepPlan, Any] | None = None
+
+    def _record(self, req: Any) -> None:
+        req.tokens, req.codes = self.worker.read_outputs(req.slot, req.num_generated, req.num_codes)
 
     @property
     def busy(self) -> bool:

@@ -211,9 +211,8 @@ def _check_fields(cls: type, values: dict[str, Any], binaries: list[str]) -> Non
 
 
 def meta_from_dict(data: dict[str, Any]) -> ProgramMeta:
-    """ProgramMeta from `to_dict()` output that crossed msgpack (lists back to tuples)."""
-    tuples = {f.name for f in fields(ProgramMeta) if str(f.type).startswith("tuple")}
-    return ProgramMeta(**{k: tuple(v) if k in tuples else v for k, v in data.items()})
+    """ProgramMeta from `to_dict()` output that crossed msgpack."""
+    return ProgramMeta.from_dict(data)
 
 
 def limits_from_dict(data: dict[str, Any]) -> EngineLimits:

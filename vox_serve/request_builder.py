@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vox_serve.core.meta import ProgramMeta
-from vox_serve.core.request import EmbeddedPrompt, Request, SamplingParams
+from vox_serve.core.request import Prompt, Request, SamplingParams
 
 _NUMERIC = {
     "temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
@@ -82,19 +82,34 @@ def sampling_params(meta: ProgramMeta, fields: dict[str, Any], greedy: bool, see
     return params
 
 
-def build_request(meta: ProgramMeta, preprocess: Callable[[dict[str, Any]], list[list[int]] | EmbeddedPrompt],
-                  fields: dict[str, Any], req_id: str, greedy: bool = False, seed: int = 0) -> Request:
-    """Validate fields and build the Request (prompt ids, and any prompt vectors, from the program's prompt
-    builder)."""
+Preprocess = Callable[[dict[str, Any]], Prompt]
+
+
+def request_fields(meta: ProgramMeta, fields: dict[str, Any], greedy: bool, seed: int
+                   ) -> tuple[dict[str, Any], SamplingParams]:
+    """The normalised fields and the sampling parameters of a request (FieldError for a bad field)."""
     clean = normalise_fields(meta, fields)
-    sampling = sampling_params(meta, clean, greedy, seed)
+    return clean, sampling_params(meta, clean, greedy, seed)
+
+
+def make_prompt(preprocess: Preprocess, clean: dict[str, Any]) -> Prompt:
+    """The program's prompt for validated fields; its ValueErrors become FieldErrors naming the field."""
     try:
-        prompt = preprocess(clean)
+        return preprocess(clean)
     except FieldError:
         raise
     except ValueError as exc:  # prompt builders name the field first: "voice 'x' is not one of ..."
         first = str(exc).split(" ", 1)[0].rstrip(":")
         raise FieldError(first if first in clean else "text", str(exc)) from exc
-    ids, embeds = (prompt.ids, prompt.embeds) if isinstance(prompt, EmbeddedPrompt) else (prompt, {})
-    return Request(req_id=req_id, prompt_ids=ids, sampling=sampling, streaming=clean.get("streaming", True),
-                   prompt_embeds=embeds, extra={"fields": clean})
+
+
+def new_request(req_id: str, prompt: Prompt, clean: dict[str, Any], sampling: SamplingParams) -> Request:
+    return Request(req_id=req_id, prompt=prompt, sampling=sampling, streaming=clean.get("streaming", True),
+                   extra={"fields": clean})
+
+
+def build_request(meta: ProgramMeta, preprocess: Preprocess, fields: dict[str, Any], req_id: str,
+                  greedy: bool = False, seed: int = 0) -> Request:
+    """Validate fields and build the Request, its prompt built here (bench mode, tests)."""
+    clean, sampling = request_fields(meta, fields, greedy, seed)
+    return new_request(req_id, make_prompt(preprocess, clean), clean, sampling)

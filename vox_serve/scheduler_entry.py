@@ -1,10 +1,11 @@
 """One scheduler process per replica: the engine loop behind a ZMQ connection to the API process.
 
-The process builds the program, the scheduling policy, the worker and the engine loop, then
+The process builds the engine, the scheduling policy, the worker and the engine loop, then
 repeats: take every message the API sent (blocking only while there is nothing to run), run one
-step, and send the audio the step produced as it is decoded. Every STATS_INTERVAL_S it reports
-load and pool occupancy, which is also its heartbeat. No request can end the process: whatever a
-request causes becomes a Failed message for that request.
+step, and send the audio the step produced as it is decoded. Prompts are built off the loop's
+thread (`prompt_pool.py`): a request joins the scheduler once its prompt is ready. Every
+STATS_INTERVAL_S it reports load and pool occupancy, which is also its heartbeat. No request can
+end the process: whatever a request causes becomes a Failed message for that request.
 
     python -m vox_serve.scheduler_entry --config JSON --replica I --incarnation K \\
         --bind ipc:///tmp/.../replica-I-K --api ipc:///tmp/.../api
@@ -20,16 +21,18 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import zmq
 
 from vox_serve import ipc
 from vox_serve.config import VoxConfig
-from vox_serve.core.request import EmbeddedPrompt, Request, RequestStatus, TextFeed
+from vox_serve.core.request import Request, RequestStatus, SamplingParams, TextFeed
 from vox_serve.engine_loop import EngineLoop
-from vox_serve.request_builder import FieldError, build_request
+from vox_serve.prompt_pool import PromptPool
+from vox_serve.request_builder import FieldError, Preprocess, make_prompt, new_request, request_fields
 from vox_serve.scheduler.base import QueueFull
 from vox_serve.text_sessions import InputSession, TextStreaming
 
@@ -37,7 +40,16 @@ log = logging.getLogger("vox_serve.scheduler_entry")
 
 IDLE_POLL_S = 0.05  # longest wait for a message while nothing runs
 STATS_INTERVAL_S = 0.2
-Preprocess = Callable[[dict[str, Any]], list[list[int]] | EmbeddedPrompt]
+
+
+@dataclass
+class Preparing:
+    """A request whose prompt is being built."""
+
+    fields: dict[str, Any]
+    sampling: SamplingParams
+    text_feed: TextFeed | None
+    reply_started: bool  # answer Started once it is queued (a session already got its Started)
 
 
 class SchedulerService:
@@ -51,10 +63,12 @@ class SchedulerService:
 
     def __init__(self, loop: EngineLoop, preprocess: Preprocess, config: VoxConfig,
                  send: Callable[[Any], None], replica: int = 0, incarnation: int = 0,
-                 streamer: TextStreaming | None = None) -> None:
+                 streamer: TextStreaming | None = None, prompts: PromptPool | None = None) -> None:
         self.loop, self.scheduler = loop, loop.scheduler
         self.meta, self.preprocess, self.send = loop.scheduler.meta, preprocess, send
         self.streamer = streamer
+        self.prompts = prompts or PromptPool(threads=0)
+        self.preparing: dict[str, Preparing] = {}
         self.greedy = config.bench.greedy
         self.replica, self.incarnation = replica, incarnation
         self.sessions: dict[str, InputSession] = {}
@@ -80,15 +94,22 @@ class SchedulerService:
             req_id = getattr(msg, "req_id", None)
             if req_id is not None:
                 self._fail_request(req_id, f"{type(exc).__name__}: {exc}")
+        self._queue_prepared()  # prompts built inline (or already done) are queued at once
+
+    @property
+    def busy(self) -> bool:
+        """Requests to step, or prompts being built."""
+        return self.loop.busy or bool(self.preparing)
+
+    def _in_use(self, req_id: str) -> bool:
+        return req_id in self.scheduler.requests or req_id in self.sessions or req_id in self.preparing
 
     def _on_submit(self, msg: ipc.Submit) -> None:
-        if msg.req_id in self.scheduler.requests or msg.req_id in self.sessions:
+        if self._in_use(msg.req_id):
             self._reply_failed(msg.req_id, ipc.ErrorCode.INTERNAL, f"request id {msg.req_id!r} is already in use")
             return
         if not msg.input_streaming:
-            req = self._admit(msg.req_id, msg.fields, msg.default_seed, msg.audio)
-            if req is not None:
-                self.send(ipc.Started(msg.req_id, req.prompt_len))
+            self._admit(msg.req_id, msg.fields, msg.default_seed, msg.audio, reply_started=True)
             return
         if not self.meta.supports_input_streaming:
             self._reply_failed(msg.req_id, ipc.ErrorCode.UNSUPPORTED,
@@ -141,7 +162,12 @@ class SchedulerService:
         others extend its text feed."""
         new, session.stable_chars = self.streamer.stable_text_ids(session.text, session.stable_chars, ended)
         if session.started:
-            self.scheduler.append_text(req_id, new, ended)
+            preparing = self.preparing.get(req_id)
+            if preparing is not None:  # its prompt is being built: the text waits in its feed
+                preparing.text_feed.ids.extend(new)
+                preparing.text_feed.ended |= ended
+            else:
+                self.scheduler.append_text(req_id, new, ended)
             return
         ids = session.text_ids = session.text_ids + new
         n = self.streamer.num_prompt_text_ids
@@ -150,19 +176,19 @@ class SchedulerService:
                 self._reply_failed(req_id, ipc.ErrorCode.INVALID_FIELD, "text: too short for this model", "text")
             return
         fields = {**session.fields, "text": session.text}
-        req = self._admit(req_id, fields, session.default_seed, session.audio,
-                          lambda clean: self.streamer.preprocess_streaming(clean, ids[:n]), TextFeed(ids[n:], ended))
-        if req is None:
+        if not self._admit(req_id, fields, session.default_seed, session.audio,
+                           lambda clean: self.streamer.preprocess_streaming(clean, ids[:n]), TextFeed(ids[n:], ended)):
             self.sessions.pop(req_id, None)
             return
         session.started = True
 
     def _on_abort(self, msg: ipc.Abort) -> None:
         session = self.sessions.pop(msg.req_id, None)
+        preparing = self.preparing.pop(msg.req_id, None)  # its prompt is dropped when it is ready
         if msg.req_id in self.scheduler.requests:
             self._abort_codes[msg.req_id] = None
             self.scheduler.abort(msg.req_id, msg.reason)
-        elif session is not None:
+        elif session is not None or preparing is not None:
             self.num_aborted += 1
 
     def _on_shutdown(self, msg: ipc.Shutdown) -> None:
@@ -171,29 +197,58 @@ class SchedulerService:
             self._abort_codes[req_id] = ipc.ErrorCode.REPLICA_DIED
             self.scheduler.abort(req_id, "the server is shutting down")
         self.sessions.clear()
+        self.preparing.clear()
+        self.prompts.close()
 
     # ---- requests ------------------------------------------------------------------------
     def _admit(self, req_id: str, fields: dict[str, Any], seed: int, audio: bytes,
-               preprocess: Preprocess | None = None, text_feed: TextFeed | None = None) -> Request | None:
-        """Build the request (with `preprocess`, default the program's) and queue it; on a problem,
-        answer Failed and return None."""
+               preprocess: Preprocess | None = None, text_feed: TextFeed | None = None,
+               reply_started: bool = False) -> bool:
+        """Validate the fields and have the request's prompt built (with `preprocess`, default the
+        program's) off the loop; it is queued once the prompt is ready. On a bad field, answer Failed
+        and return False."""
         fields = {**fields, "audio": audio} if audio else fields
         try:
-            req = build_request(self.meta, preprocess or self.preprocess, fields, req_id, self.greedy, seed)
+            clean, sampling = request_fields(self.meta, fields, self.greedy, seed)
         except FieldError as exc:
             self._reply_failed(req_id, ipc.ErrorCode.INVALID_FIELD, str(exc), exc.field)
-            return None
-        req.sink, req.text_feed = self._on_audio, text_feed
+            return False
+        self.preparing[req_id] = Preparing(clean, sampling, text_feed, reply_started)
+        build = preprocess or self.preprocess
+        self.prompts.submit(req_id, lambda: make_prompt(build, clean))
+        return True
+
+    def _queue_prepared(self) -> None:
+        """Queue the requests whose prompts are ready (or fail those whose prompt could not be built)."""
+        for req_id, future in self.prompts.completed():
+            entry = self.preparing.pop(req_id, None)
+            if entry is not None:  # else aborted while its prompt was built
+                self._queue(req_id, entry, future)
+
+    def _queue(self, req_id: str, entry: Preparing, future: Future) -> None:
+        exc = future.exception()
+        if exc is not None:
+            self.sessions.pop(req_id, None)
+            if isinstance(exc, FieldError):
+                self._reply_failed(req_id, ipc.ErrorCode.INVALID_FIELD, str(exc), exc.field)
+            else:
+                log.error("building the prompt of %s failed: %r", req_id, exc)
+                self._reply_failed(req_id, ipc.ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            return
+        req = new_request(req_id, future.result(), entry.fields, entry.sampling)
+        req.sink, req.text_feed = self._on_audio, entry.text_feed
         req.extra["num_chunks_sent"] = req.extra["num_samples_sent"] = 0
         try:
             self.scheduler.add_request(req)
-        except QueueFull as exc:
-            self._reply_failed(req_id, ipc.ErrorCode.QUEUE_FULL, f"the replica is at capacity: {exc}")
-            return None
-        except ValueError as exc:  # the prompt is longer than the model or the KV cache can hold
-            self._reply_failed(req_id, ipc.ErrorCode.INVALID_FIELD, f"text: {exc}", "text")
-            return None
-        return req
+        except (QueueFull, ValueError) as exc:
+            self.sessions.pop(req_id, None)
+            if isinstance(exc, QueueFull):
+                self._reply_failed(req_id, ipc.ErrorCode.QUEUE_FULL, f"the replica is at capacity: {exc}")
+            else:  # the prompt is longer than the model or the KV cache can hold
+                self._reply_failed(req_id, ipc.ErrorCode.INVALID_FIELD, f"text: {exc}", "text")
+            return
+        if entry.reply_started:
+            self.send(ipc.Started(req_id, req.prompt_len))
 
     def _on_audio(self, req: Request, pcm: bytes | None, final: bool) -> None:
         """The request sink: audio chunks as binary frames, then one final message."""
@@ -233,6 +288,7 @@ class SchedulerService:
     # ---- stepping ------------------------------------------------------------------------
     def step(self) -> float:
         """Run one step if there is work; returns how long the caller may wait for messages."""
+        self._queue_prepared()
         if not self.loop.busy:
             return IDLE_POLL_S
         try:
@@ -246,7 +302,7 @@ class SchedulerService:
 
     def stats(self) -> ipc.Stats:
         return ipc.Stats(
-            self.replica, self.incarnation, num_active=self.scheduler.num_active,
+            self.replica, self.incarnation, num_active=self.scheduler.num_active + len(self.preparing),
             num_waiting=len(self.scheduler.waiting), num_sessions=len(self.sessions), pools=self.pools(),
             num_finished=self.num_finished, num_aborted=self.num_aborted, num_failed=self.num_failed,
             num_steps=self.loop.num_steps,
@@ -258,7 +314,8 @@ class SchedulerService:
 
 
 class Connection:
-    """The replica's two sockets: PULL (bound) for the API's messages, PUSH to the API's PULL."""
+    """The replica's two sockets: PULL (bound) for the API's messages, PUSH to the API's PULL; and a pipe
+    that wakes the loop's wait for messages when a prompt is ready (`wake`, called from the prompt pool)."""
 
     def __init__(self, bind: str, api: str) -> None:
         self.ctx = zmq.Context()
@@ -267,14 +324,28 @@ class Connection:
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.setsockopt(zmq.SNDHWM, 0)  # never block a step on a slow reader
         self.push.connect(api)
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        self.poller = zmq.Poller()
+        self.poller.register(self.pull, zmq.POLLIN)
+        self.poller.register(self._wake_read, zmq.POLLIN)
+
+    def wake(self) -> None:
+        os.write(self._wake_write, b"w")
 
     def send(self, msg: Any) -> None:
         self.push.send_multipart(ipc.encode(msg), copy=False)
 
     def receive(self, timeout_s: float) -> list[Any]:
-        """Every message waiting, after waiting up to timeout_s for the first one."""
+        """Every message waiting, after waiting up to timeout_s for the first one (or a wake-up)."""
         out: list[Any] = []
-        if not self.pull.poll(int(timeout_s * 1000)):
+        ready = dict(self.poller.poll(int(timeout_s * 1000)))
+        if self._wake_read in ready:
+            try:
+                os.read(self._wake_read, 4096)
+            except BlockingIOError:
+                pass
+        if self.pull not in ready:
             return out
         while True:
             try:
@@ -290,6 +361,8 @@ class Connection:
         self.pull.close(linger=0)
         self.push.close(linger=int(linger_s * 1000))
         self.ctx.term()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
 
 
 def serve(service: SchedulerService, conn: Connection, parent_pid: int) -> None:
@@ -363,8 +436,10 @@ def main(argv: list[str] | None = None) -> int:
         conn.send(ipc.Fatal(args.replica, args.incarnation, f"{type(exc).__name__}: {exc}"))
         conn.close(linger_s=2.0)
         return 1
+    prompts = PromptPool(threads=1, device=str(program.device), wake=conn.wake)
     service = SchedulerService(loop, program.preprocess, config, conn.send, args.replica, args.incarnation,
-                               streamer=program if program.meta.streamed_text_column is not None else None)
+                               streamer=program if program.meta.streamed_text_column is not None else None,
+                               prompts=prompts)
     conn.send(ipc.Ready(args.replica, args.incarnation, os.getpid(), str(program.device),
                         program.meta.to_dict(), asdict(program.limits)))
     log.info("ready on %s: model %s, %d KV pages", program.device, program.meta.name, program.limits.num_pages - 1)

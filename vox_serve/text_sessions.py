@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from vox_serve.core.request import EmbeddedPrompt
+from vox_serve.core.request import Prompt
 
 
 class TextStreaming(Protocol):
@@ -31,7 +31,7 @@ class TextStreaming(Protocol):
         session opens, so that its start is refused rather than its audio)."""
 
     def preprocess_streaming(self, fields: dict[str, Any], prompt_text_ids: list[int]
-                             ) -> list[list[int]] | EmbeddedPrompt:
+                             ) -> Prompt:
         """The prompt of an input-streaming request; raises ValueError like `preprocess`."""
 
 

@@ -20,6 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from vox_serve.core.plan import StepPlan, StepResult
 from vox_serve.scheduler.base import Scheduler
 
@@ -46,12 +48,12 @@ class Tracer:
         why = scheduler.reasons
         codec = [[r.req_id, r.chunk_index, why.get("codec", {}).get(r.req_id, "")] for r in plan.codec]
         prefill = [[r.req_id, r.num_tokens, why.get("prefill", {}).get(r.req_id, "")] for r in plan.prefill]
-        decode = [[r.req_id, why.get("decode", {}).get(r.req_id, "running")] for r in plan.decode]
+        decode = [[rid, why.get("decode", {}).get(rid, "running")] for rid in plan.decode.req_ids]
         pool = scheduler.pool
         self.write({
             "type": "schedule", "step": plan.step_id, "t": scheduler.now, "policy": scheduler.name,
             "plan_ms": plan_seconds * 1000, "codec": codec, "prefill": prefill, "decode": decode,
-            "released_slots": plan.released_slots, "notes": scheduler.notes,
+            "admits": [a.slot for a in plan.admits], "page_updates": len(plan.pages), "notes": scheduler.notes,
             "queue": {"waiting": len(scheduler.waiting), "running": len(scheduler.running),
                       "draining": len(scheduler.draining), "in_flight_steps": scheduler.num_in_flight},
             "kv": {"free_pages": pool.num_free, "used_pages": pool.num_usable - pool.num_free,
@@ -60,15 +62,12 @@ class Tracer:
 
     def stages(self, plan: StepPlan, result: StepResult) -> None:
         # Smaller first chunks run as a launch of their own ("codec_first") when the engine has one.
+        codec = plan.codec
         split = "codec_first" in result.stage_seconds
-        first = [r for r in plan.codec if split and r.chunk_index == 0]
-        rest = [r for r in plan.codec if not (split and r.chunk_index == 0)]
-        sizes = {
-            "codec": (len(rest), sum(r.num_frames for r in rest)),
-            "codec_first": (len(first), sum(r.num_frames for r in first)),
-            "prefill": (len(plan.prefill), sum(r.num_tokens for r in plan.prefill)),
-            "decode": (len(plan.decode), len(plan.decode)),
-        }
+        first = codec.chunk_index == 0 if split else np.zeros(len(codec), dtype=np.bool_)
+        sizes = {"prefill": (len(plan.prefill), plan.prefill.total_tokens), "decode": (len(plan.decode),) * 2,
+                 "codec": (int((~first).sum()), int(codec.num_frames[~first].sum())),
+                 "codec_first": (int(first.sum()), int(codec.num_frames[first].sum()))}
         for stage, seconds in result.stage_seconds.items():
             rows, tokens = sizes.get(stage, (0, 0))
             self.write({"type": "stage", "step": plan.step_id, "stage": stage, "rows": rows,

@@ -1,7 +1,7 @@
 """The audio of one request as an HTTP response: a WAV stream, or one complete WAV.
 
 The response runs beside a listener for the client's disconnect: a client that goes away aborts
-its request, so the replica frees its KV pages and codec slots at once. Nothing is sent before
+its request, so the replica frees its KV pages and request slot at once. Nothing is sent before
 the first audio (or the end), so a request that fails early still gets its JSON error status. A
 request that fails after its stream began ends without the final chunk of the chunked body,
 which HTTP clients report as an error; the server log says why.

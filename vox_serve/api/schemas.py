@@ -116,7 +116,7 @@ class ReplicaStatus(BaseModel):
     in_flight: int = Field(description="Requests of this server on the replica.")
     active_requests: int | None = Field(description="Requests the scheduler holds (last report).")
     waiting_requests: int | None
-    pools: dict[str, PoolUsage] = Field(description="KV pages and codec slots: free and total.")
+    pools: dict[str, PoolUsage] = Field(description="KV pages and request slots: free and total.")
     finished: int | None
     aborted: int | None
     failed: int | None

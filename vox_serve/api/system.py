@@ -16,7 +16,7 @@ router = APIRouter()
                                                                      "dead; `reason` says which and why."}})
 async def health(request: Request) -> JSONResponse:
     """200 only while every replica is alive and ready. The body also reports each replica's load
-    and pool occupancy (free / total KV pages and codec slots)."""
+    and pool occupancy (free / total KV pages and request slots)."""
     manager, _ = context(request)
     reason = manager.unavailable_reason()
     body = HealthResponse(status="ok" if reason is None else "unavailable", reason=reason,

@@ -47,11 +47,15 @@ class ChunkGeometry:
     def window(self) -> int:
         return self.lookback + self.frames_per_chunk + self.lookahead
 
-    def chunk(self, index: int, num_frames: int, final: bool) -> ChunkWindow | None:
-        """Chunk `index` if it can be decoded with `num_frames` frames generated, else None."""
+    def emitted(self, index: int) -> tuple[int, int]:
+        """[start, end) of the frames a full chunk `index` emits."""
         first = self.first_frames or self.frames_per_chunk
         start = self.skip + (0 if index == 0 else first + (index - 1) * self.frames_per_chunk)
-        end = start + (first if index == 0 else self.frames_per_chunk)
+        return start, start + (first if index == 0 else self.frames_per_chunk)
+
+    def chunk(self, index: int, num_frames: int, final: bool) -> ChunkWindow | None:
+        """Chunk `index` if it can be decoded with `num_frames` frames generated, else None."""
+        start, end = self.emitted(index)
         if num_frames < end + self.lookahead:
             if not final:
                 return None
@@ -61,7 +65,9 @@ class ChunkGeometry:
         return ChunkWindow(index, start - self.lookback, start, end, end + self.lookahead)
 
     def frames_of(self, codes: list[int], window: ChunkWindow) -> list[list[int]]:
-        """The window's frames from a flat code list ([frames][codes_per_frame])."""
+        """The window's frames from a flat code list ([frames][codes_per_frame]): the host-side statement of
+        the window rules that codec stages apply on the device (`vox_serve.rt.codec_window`), kept as the
+        reference they are tested against."""
         k = self.codes_per_frame
         first = max(window.first_frame, 0)
         frames = [codes[f * k : (f + 1) * k] for f in range(first, window.window_end)]

@@ -1,9 +1,41 @@
-"""Program meta and engine limits: plain data that schedulers read (no torch here)."""
+"""Program meta and engine limits: plain data that schedulers and runtimes read (no torch here)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class SlotField:
+    """A per-slot input a program declares: set once when a request is admitted (e.g. a speaker
+    embedding or a prompt mel that conditions the codec), from `Prompt.conditioning[name]`."""
+
+    name: str
+    shape: tuple[int, ...]  # per slot; a request's value may be shorter in its first dimension
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class ProgramLayout:
+    """What a program's arenas hold beyond the common LM and codec fields (docs/engine-contract.md)."""
+
+    prompt_vector_dim: int = 0  # > 0: prompt positions may carry vectors added to their input embedding
+    max_prompt_vectors: int = 0  # prompt vectors one prefill launch holds (0: max_prefill_tokens)
+    slot_fields: tuple[SlotField, ...] = ()
+    frame_latent_dim: int = 0  # > 0: each generated frame leaves a float vector that codec windows read
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a request stops, as the stages decide it (inside the graph); published for runtimes and docs.
+    A sampled `token` in `column` stops the request, once `min_generated` tokens exist, at a frame
+    boundary when `at_frame_boundary` (also: max_tokens, max_model_len, decided by the host)."""
+
+    token: int
+    column: int = 0
+    min_generated: int = 0
+    at_frame_boundary: bool = False
 
 
 @dataclass(frozen=True)
@@ -22,7 +54,7 @@ class ProgramMeta:
     skip_leading_frames: int  # frames whose audio is never emitted (no lookback exists for them)
     max_model_len: int
     max_text_chars: int
-    stop_rule: str
+    stop_rule: StopRule
     default_sampling: dict[str, Any]
     accepted_fields: tuple[str, ...]
     voices: tuple[str, ...] = ()
@@ -35,9 +67,10 @@ class ProgramMeta:
     # input-streaming request starts once its text has ended.
     streamed_text_column: int | None = None
     stateful_codec: bool = False
-    # > 0: prompt positions may carry a vector of this width added to their input embedding (a speaker
-    # embedding); the prefill arena then has `embed_rows` / `embeds` fields.
-    prompt_embed_dim: int = 0
+    layout: ProgramLayout = field(default_factory=ProgramLayout)
+    # What a prompt builder outside Python needs: tokenizer file, special ids, templates per request
+    # kind (the program's `prompt_builder_spec`); empty when prompts need the program's Python code.
+    prompt_builder: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def codec_window(self, frames_per_chunk: int) -> int:
@@ -45,6 +78,18 @@ class ProgramMeta:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProgramMeta:
+        """The inverse of `to_dict`, also after JSON or msgpack (lists back to tuples)."""
+        tuples = ("accepted_fields", "voices", "languages")
+        values = {k: tuple(v) if k in tuples else v for k, v in data.items()}
+        values["stop_rule"] = StopRule(**data["stop_rule"])
+        layout = dict(data.get("layout", {}))
+        layout["slot_fields"] = tuple(SlotField(f["name"], tuple(f["shape"]), f.get("dtype", "float32"))
+                                      for f in layout.get("slot_fields", ()))
+        values["layout"] = ProgramLayout(**layout)
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -60,7 +105,7 @@ class EngineLimits:
     page_size: int
     max_model_len: int
     repetition_window: int = 64
-    num_codec_slots: int = 0  # streaming-state slots of a stateful codec (0: twice max_batch)
+    num_slots: int = 0  # request slots: device state of admitted requests (0: twice max_batch)
     first_chunk_frames: int = 0  # frames of a request's first audio chunk (0: frames_per_chunk)
 
     @property
@@ -73,8 +118,19 @@ class EngineLimits:
         return self.first_frames < self.frames_per_chunk
 
     @property
-    def codec_slots(self) -> int:
-        return self.num_codec_slots or 2 * self.max_batch
+    def slots(self) -> int:
+        return self.num_slots or 2 * self.max_batch
+
+    @property
+    def max_page_updates(self) -> int:
+        """Page-table entries one step may write: a full prefill's pages, one per sequence boundary and
+        one per decode row."""
+        return -(-self.max_prefill_tokens // self.page_size) + self.max_prefill_seqs + self.max_batch
+
+    @property
+    def max_admits(self) -> int:
+        """Requests one step may admit (each starts with a prefill)."""
+        return self.max_prefill_seqs
 
     @property
     def max_pages_per_seq(self) -> int:

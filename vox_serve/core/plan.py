@@ -1,87 +1,178 @@
-"""The plain data the scheduler and the worker exchange: a step plan in, a step result out.
+"""The plain data the scheduler and the engine exchange: a step plan in, a step result out (torch-free).
 
-Only built-in types live here (lists, ints, floats, bytes), so a plan can cross a process
-boundary or be replayed against a simulated engine.
+A plan names rows by request slot: the engine keeps each request's state on the device (page
+table, sampling parameters, token history, audio codes, codec state), so a row is a few scalars.
+Columns are numpy arrays, one entry per row (or per token), so a plan of hundreds of rows is built
+and consumed without a Python loop over rows. `docs/engine-contract.md` states every field.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ABSENT_ID = -1  # an input column with no id: generated rows are padded to the input width with it
-NO_SLOT = -1  # the codec slot of a padded codec row (a stateful codec must not touch any request's state)
+import numpy as np
+
+ABSENT_ID = -1  # an input id the host does not give: generated positions take it from the slot's history
+NO_SLOT = -1  # the slot of a padded row: the engine maps it to its scratch slot, no request's state
+NULL_PAGE = 0  # the KV page padded rows write into; never handed out
+
+
+def _i32(values: object) -> np.ndarray:
+    return np.asarray(values, dtype=np.int32)
 
 
 @dataclass
-class LmRow:
-    """One sequence in a prefill or decode launch.
+class SlotInit:
+    """A request admitted into a slot this step: the slot's device state is (re)set before any launch."""
 
-    `input_ids[i]` is the input row of position `start_pos + i` (`input_columns` ids each). A generated
-    position's row is its sampled `tokens` row in the leading columns, then `ABSENT_ID`.
-    `kv_len` counts the KV after this step; `pages` hold at least `kv_len` tokens.
-    """
-
-    req_id: str
-    input_ids: list[list[int]]
-    start_pos: int
-    pages: list[int]
-    sample: bool  # False for a non-final chunk of a chunked prefill
+    slot: int
+    prompt_len: int
     temperature: float
     top_k: int
     top_p: float
     min_p: float
     repetition_penalty: float
-    history: list[int]
-    gen_index: int  # tokens generated so far (also the RNG offset)
-    num_codes: int  # audio codes so far (position inside the frame)
-    allow_stop: bool  # False while ignore_eos holds
+    repetition_window: int
     seed: int
-    # Asynchronous scheduling: the row's last input is the token this request samples in the step
-    # still in flight, unknown to the host when the row is planned. `input_ids` holds a placeholder
-    # for it; `num_codes` and `history` leave it out, and the worker adds it on the device from
-    # that step's outputs. `gen_index` and `start_pos` already count it.
-    pending_input: bool = False
-    # (index into input_ids, vector): added to those positions' input embeddings (prompt positions only)
-    embeds: list[tuple[int, list[float]]] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def kv_len(self) -> int:
-        return self.start_pos + len(self.input_ids)
+    allow_stop: bool  # False while ignore_eos holds
+    conditioning: dict[str, np.ndarray] = field(default_factory=dict)  # the program's declared slot fields
 
 
 @dataclass
-class CodecRow:
-    """One audio chunk: a window of frames (lookback + chunk + lookahead) to turn into PCM.
+class PageUpdates:
+    """Page-table entries written this step: `page_table[slot[i], index[i]] = page[i]`."""
 
-    `frames[f]` holds `codes_per_frame` codes; `num_frames` of the chunk's frames are real (a final
-    chunk may be shorter: the window is padded by repeating the last frame).
-    """
+    slot: np.ndarray
+    index: np.ndarray
+    page: np.ndarray
+
+    @classmethod
+    def empty(cls) -> PageUpdates:
+        return cls(_i32([]), _i32([]), _i32([]))
+
+    def __len__(self) -> int:
+        return len(self.slot)
+
+
+@dataclass(frozen=True)
+class LmRow:
+    """One row of an LM launch, for reading a plan (tests, traces); launches are built and consumed as
+    columns."""
 
     req_id: str
+    slot: int
+    start: int
+    num_tokens: int
+    sample: bool
+
+    @property
+    def kv_len(self) -> int:
+        return self.start + self.num_tokens
+
+
+@dataclass(frozen=True)
+class CodecRow:
+    """One row of a codec launch, for reading a plan."""
+
+    req_id: str
+    slot: int
     chunk_index: int
-    frames: list[list[int]]
+    first_frame: int
+    window_end: int
     num_frames: int
-    first_frame: int  # absolute index of the window's first frame (noise and state offsets)
-    seed: int
-    slot: int = 0
-    is_last: bool = False
+    is_last: bool
+
+
+@dataclass
+class LmLaunch:
+    """The sequences of one prefill or decode launch.
+
+    Row i covers positions `start[i] .. start[i] + num_tokens[i] - 1` of the request in `slot[i]`;
+    its tokens are rows `token_offset(i) ..` of `input_ids` [num_tokens.sum(), input_columns], which
+    hold the ids the host knows (prompt positions, a streamed text column) and `ABSENT_ID` where a
+    generated position takes its id from the slot's token history on the device. `sample[i]`: the
+    row's last position samples the request's next token (False for a non-final chunk of a chunked
+    prefill). `vector_token` / `vectors`: prompt vectors added to those tokens' input embeddings.
+    """
+
+    req_ids: list[str]
+    slot: np.ndarray
+    start: np.ndarray
+    num_tokens: np.ndarray
+    sample: np.ndarray
+    input_ids: np.ndarray
+    vector_token: np.ndarray = field(default_factory=lambda: _i32([]))
+    vectors: np.ndarray | None = None  # [len(vector_token), prompt_vector_dim] float32
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+    def __iter__(self):  # noqa: ANN204 - rows for reading
+        for i, req_id in enumerate(self.req_ids):
+            yield LmRow(req_id, int(self.slot[i]), int(self.start[i]), int(self.num_tokens[i]), bool(self.sample[i]))
+
+    @classmethod
+    def empty(cls, columns: int) -> LmLaunch:
+        z = _i32([])
+        return cls([], z, z, z, np.zeros(0, dtype=np.bool_), np.zeros((0, columns), dtype=np.int32))
+
+    @property
+    def kv_len(self) -> np.ndarray:
+        """KV length of each row after the launch."""
+        return self.start + self.num_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.num_tokens.sum())
+
+
+@dataclass
+class CodecLaunch:
+    """Audio chunks to decode: row i turns frames `first_frame[i] .. window_end[i] - 1` of the request in
+    `slot[i]` into PCM (lookback and lookahead included; frames before 0 repeat frame 0, the window past
+    `window_end` repeats its last frame) and emits `num_frames[i]` frames' samples after the lookback."""
+
+    req_ids: list[str]
+    slot: np.ndarray
+    chunk_index: np.ndarray
+    first_frame: np.ndarray
+    window_end: np.ndarray
+    num_frames: np.ndarray
+    is_last: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+    def __iter__(self):  # noqa: ANN204 - rows for reading
+        for i, req_id in enumerate(self.req_ids):
+            yield CodecRow(req_id, int(self.slot[i]), int(self.chunk_index[i]), int(self.first_frame[i]),
+                           int(self.window_end[i]), int(self.num_frames[i]), bool(self.is_last[i]))
+
+    @classmethod
+    def empty(cls) -> CodecLaunch:
+        z = _i32([])
+        return cls([], z, z, z, z, z, np.zeros(0, dtype=np.bool_))
+
+    def take(self, rows: np.ndarray) -> CodecLaunch:
+        """The rows selected by an index or mask array, in order."""
+        index = np.flatnonzero(rows) if rows.dtype == np.bool_ else rows
+        return CodecLaunch([self.req_ids[i] for i in index], self.slot[index], self.chunk_index[index],
+                           self.first_frame[index], self.window_end[index], self.num_frames[index],
+                           self.is_last[index])
 
 
 @dataclass
 class StepPlan:
     step_id: int
-    prefill: list[LmRow] = field(default_factory=list)
-    decode: list[LmRow] = field(default_factory=list)
-    codec: list[CodecRow] = field(default_factory=list)
-    released_slots: list[int] = field(default_factory=list)  # codec slots to reset before this step
+    admits: list[SlotInit] = field(default_factory=list)
+    pages: PageUpdates = field(default_factory=PageUpdates.empty)
+    codec: CodecLaunch = field(default_factory=CodecLaunch.empty)
+    prefill: LmLaunch = field(default_factory=lambda: LmLaunch.empty(1))
+    decode: LmLaunch = field(default_factory=lambda: LmLaunch.empty(1))
 
     @property
     def is_empty(self) -> bool:
-        return not (self.prefill or self.decode or self.codec or self.released_slots)
+        return not (self.prefill or self.decode or self.codec or self.admits or len(self.pages))
 
     @property
     def num_lm_rows(self) -> int:
@@ -89,24 +180,12 @@ class StepPlan:
 
 
 @dataclass
-class LmOut:
-    req_id: str
-    tokens: list[int]  # the sampled ids of this step (codes_per_step of them)
-    codes: list[int]  # audio codes derived from them (valid when kind is AUDIO)
-    kind: int  # OutKind
-
-
-@dataclass
-class CodecOut:
-    req_id: str
-    chunk_index: int
-    pcm: bytes  # little-endian int16 mono
-
-
-@dataclass
 class StepResult:
+    """What the host receives: an `OutKind` per LM row (aligned with the plan's rows; a non-sampling row's
+    entry is meaningless) and the PCM of every codec row (int16 little-endian mono, `num_frames` frames)."""
+
     step_id: int
-    prefill: list[LmOut] = field(default_factory=list)
-    decode: list[LmOut] = field(default_factory=list)
-    codec: list[CodecOut] = field(default_factory=list)
+    prefill_kind: np.ndarray = field(default_factory=lambda: _i32([]))
+    decode_kind: np.ndarray = field(default_factory=lambda: _i32([]))
+    pcm: list[bytes] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)

@@ -1,4 +1,11 @@
-"""Per-request state: one Request object with one status enum (pure Python, no torch)."""
+"""Per-request state: one Request object with one status enum (torch-free).
+
+What a request needs on every step lives on the device, in tables indexed by its request slot
+(`vox_serve.core.slot_table` mirrors the counters the host decides on); the Request holds what the
+host needs besides: its prompt, status, statistics, sink and streamed text. Its generated tokens
+and audio codes stay on the device; `tokens` / `codes` are filled only when an engine loop records
+outputs (tests and debugging).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +13,17 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from vox_serve.core.slot_table import SlotTable
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"  # queued, no KV pages yet
+    PREPARING = "preparing"  # its prompt is being built (tokenizer, reference-audio encoders)
+    WAITING = "waiting"  # queued, no KV pages (never admitted, or preempted)
     RUNNING = "running"  # admitted: prefilling or decoding tokens
     DRAINING = "draining"  # tokens done; audio chunks still to decode
     FINISHED = "finished"
@@ -67,15 +80,34 @@ class RequestStats:
     finished: float | None = None
     num_audio_samples: int = 0  # audio sent to the client so far
     last_chunk_samples: int = 0  # of the most recent chunk: where the client's playback of it starts
-    last_decode: float | None = None  # when the request last had a token row in a step (starvation guard)
 
 
 @dataclass(frozen=True)
-class EmbeddedPrompt:
-    """A prompt whose positions carry vectors besides their ids (what `preprocess` returns for a voice clone)."""
+class Prompt:
+    """What a prompt builder returns: the prompt's input ids, and what else the program declared.
 
-    ids: list[list[int]]  # [prompt_len][input_columns]
-    embeds: dict[int, list[float]]  # prompt position -> vector added to that position's input embedding
+    `ids` [prompt_len, input_columns]; `vectors`: prompt position -> a vector added to that position's
+    input embedding (any number, `ProgramLayout.prompt_vector_dim` wide); `conditioning`: per-slot
+    fields the program declared (`ProgramLayout.slot_fields`), set once when the request is admitted.
+    """
+
+    ids: np.ndarray
+    vectors: dict[int, np.ndarray] = field(default_factory=dict)
+    conditioning: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, ids: Any, vectors: dict[int, Any] | None = None,
+           conditioning: dict[str, Any] | None = None) -> Prompt:
+        """A prompt from lists or arrays: ids as int32 [prompt_len, columns], vectors as float32."""
+        rows = np.asarray(ids, dtype=np.int32)
+        if rows.ndim != 2 or rows.shape[0] == 0:
+            raise ValueError("a prompt needs at least one position of input ids")
+        vecs = {int(p): np.asarray(v, dtype=np.float32) for p, v in (vectors or {}).items()}
+        for p in vecs:
+            if not 0 <= p < rows.shape[0]:
+                raise ValueError(f"a prompt vector at position {p} lies outside the {rows.shape[0]} positions")
+        conds = {k: np.asarray(v, dtype=np.float32) for k, v in (conditioning or {}).items()}
+        return cls(rows, vecs, conds)
 
 
 @dataclass
@@ -93,58 +125,83 @@ class TextFeed:
         past the ids carry no text)."""
         return row < len(self.ids) or self.ended
 
+    @property
+    def limit(self) -> int:
+        """Generated rows that may be fed now (a large number once the text has ended)."""
+        return 1 << 40 if self.ended else len(self.ids)
+
 
 AudioSink = Callable[["Request", bytes | None, bool], None]
 """Called with (request, pcm16 bytes or None, is_final) for every chunk and once at the end."""
 
 
+@dataclass
+class Counters:
+    """The host's counters of a request that holds no slot (before admission, after its end)."""
+
+    num_computed: int = 0
+    num_generated: int = 0
+    num_pending: int = 0
+    num_codes: int = 0
+    next_chunk: int = 0
+
+
 @dataclass(eq=False)  # one object per request: identity is equality (and list lookups stay O(1) per item)
 class Request:
-    """Everything the scheduler knows about one request.
+    """Everything the host knows about one request.
 
-    `tokens` are the generated token rows (one list of `codes_per_step` ids per decode step); `codes`
-    is the flat list of audio codes, `codes_per_frame` of them per frame.
+    Counters (`num_generated`, `num_codes`, ...) live in the scheduler's slot table while the request
+    holds a slot (from its admission to its end, preemptions included) and in `Counters` otherwise.
     """
 
     req_id: str
-    prompt_ids: list[list[int]]  # [prompt_len][input_columns]
+    prompt: Prompt
     sampling: SamplingParams
-    # prompt position -> a vector added to its input embedding (meta.prompt_embed_dim wide)
-    prompt_embeds: dict[int, list[float]] = field(default_factory=dict)
     streaming: bool = True
     sink: AudioSink | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     status: RequestStatus = RequestStatus.WAITING
-    num_computed: int = 0  # prompt + generated tokens whose KV is written
-    tokens: list[list[int]] = field(default_factory=list)
-    codes: list[int] = field(default_factory=list)
-    next_chunk: int = 0  # index of the next audio chunk to decode
-    num_pending: int = 0  # tokens sampled by a step still in flight (asynchronous scheduling)
+    slot: int | None = None
     finish_reason: str | None = None
     error: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     text_feed: TextFeed | None = None  # incremental input streaming only
+    table: SlotTable | None = None  # set while the request holds a slot
+    counters: Counters = field(default_factory=Counters)
+    tokens: list[list[int]] = field(default_factory=list)  # recorded outputs only (EngineLoop(record=True))
+    codes: list[int] = field(default_factory=list)
 
     @property
     def prompt_len(self) -> int:
-        return len(self.prompt_ids)
+        return int(self.prompt.ids.shape[0])
+
+    def _get(self, name: str) -> int:
+        if self.table is not None and self.slot is not None:
+            return int(getattr(self.table, name)[self.slot])
+        return getattr(self.counters, name)
+
+    @property
+    def num_computed(self) -> int:
+        """Positions whose KV is written or planned (prompt and generated tokens)."""
+        return self._get("num_computed")
 
     @property
     def num_generated(self) -> int:
-        return len(self.tokens)
+        return self._get("num_generated")
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens sampled by a step still in flight (asynchronous scheduling)."""
+        return self._get("num_pending")
+
+    @property
+    def num_codes(self) -> int:
+        return self._get("num_codes")
+
+    @property
+    def next_chunk(self) -> int:
+        return self._get("next_chunk")
 
     @property
     def total_len(self) -> int:
         return self.prompt_len + self.num_generated
-
-    def input_row(self, pos: int) -> list[int]:
-        """The input ids at absolute position `pos` (prompt, then generated tokens)."""
-        if pos < self.prompt_len:
-            return self.prompt_ids[pos]
-        return self.tokens[pos - self.prompt_len]
-
-    def history(self, window: int) -> list[int]:
-        """The last `window` generated ids of the first codebook (repetition-penalty window)."""
-        if window <= 0:
-            return []
-        return [row[0] for row in self.tokens[-window:]]

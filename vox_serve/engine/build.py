@@ -1,141 +1,176 @@
-"""build_engine: build a program for one device, size its KV cache, and publish its engine spec."""
+"""build_engine: build a program for one device, size its KV cache last, capture its stages, publish its spec.
+
+Order (docs/engine-contract.md): weights; request state, step arenas and the program's pools; an
+eager warm-up of every stage at its largest bucket against a placeholder KV cache of one page,
+which measures the activation peak (and compiles JIT kernels); then the KV cache, sized from the
+memory actually left within `--gpu-memory-utilization`; then the CUDA graphs, captured largest
+first into one pool. The engine (program, graphs, buffers) stays alive under its `engine_id`;
+`engine/registry.py` resolves the spec's handles back to it.
+"""
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import asdict
+import dataclasses
+import logging
+import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from vox_serve.config import ConfigError, VoxConfig
 from vox_serve.core.meta import EngineLimits
+from vox_serve.engine.capture import StageGraphs, bucket_sizes, capture_all, warm_up
 from vox_serve.models.checkpoint import pick_device, pick_dtype
 from vox_serve.models.registry import BuildArgs
 from vox_serve.models.registry import build_program as build_model_program
 from vox_serve.rt.attention import make_attention_backend
-from vox_serve.rt.program import Program
+from vox_serve.rt.program import Program, Stage
 
-SPEC_VERSION = 1
+log = logging.getLogger(__name__)
 CPU_KV_BUDGET_BYTES = 2 << 30
-GPU_RESERVE_BYTES = 2 << 30  # activations, graphs and the codec's workspace
-
-_ENGINES: dict[int, Program] = {}
-_ids = itertools.count()
+GPU_MARGIN_BYTES = 512 << 20  # the allocator's fragmentation and the CUDA context's growth
+PLACEHOLDER_PAGES = 2  # the null page and one page: enough for the warm-up's padded rows
 
 
-def bucket_sizes(maximum: int, smallest: int = 1) -> list[int]:
-    """Powers of two from `smallest` up to `maximum`, plus `maximum` itself."""
-    sizes, n = [], smallest
-    while n < maximum:
-        sizes.append(n)
-        n *= 2
-    return sizes + [maximum]
+@dataclass
+class Engine:
+    """One built engine: its program, its captured graphs and what went where in memory."""
+
+    engine_id: int
+    program: Program
+    config: VoxConfig
+    buckets: dict[Stage, list[int]]
+    graphs: StageGraphs | None = None
+    memory: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self.program.limits
 
 
-def pick_bucket(n: int, buckets: list[int]) -> int:
-    """The smallest bucket holding n rows (buckets ascending)."""
-    for b in buckets:
-        if b >= n:
-            return b
-    raise ValueError(f"{n} rows exceed the largest bucket {buckets[-1]}")
-
-
-def _num_pages(config: VoxConfig, program: Program, max_model_len: int, bytes_per_page: int) -> int:
-    if config.cache.max_num_pages is not None:
-        return config.cache.max_num_pages + 1  # + the reserved null page
-    per_seq = -(-max_model_len // config.cache.page_size)
-    wanted = config.scheduler.max_batch_size * per_seq + 1
-    if program.device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(program.device)
-        budget = int(total * config.cache.gpu_memory_utilization) - (total - free) - GPU_RESERVE_BYTES
-    else:
-        budget = CPU_KV_BUDGET_BYTES
-    affordable = max(budget // bytes_per_page, 0)
-    if affordable < per_seq + 1:
-        raise RuntimeError(f"not enough memory for one sequence of {max_model_len} tokens in the KV cache "
-                           f"({affordable} pages affordable); lower --max-model-len or raise memory")
-    return int(min(wanted, affordable))
-
-
-def build_program(config: VoxConfig) -> Program:
-    """Build, size and allocate the program for `config` (weights, KV cache, arenas)."""
+def load_program(config: VoxConfig) -> Program:
+    """The model's program with its weights (no KV cache or state yet)."""
     device = pick_device(config.model.device)
     dtype = pick_dtype(config.model.dtype, device)
     args = BuildArgs(config.model.model, config.model.load_format, device, dtype, config.model.seed,
                      config.cache.max_model_len, config.model.codec_path)
-    return prepare_program(build_model_program(args), config)
+    return build_model_program(args)
 
 
-def prepare_program(program: Program, config: VoxConfig) -> Program:
-    """Give a freshly built program its KV cache (attention backend) and its arenas."""
-    layers, q_heads, kv_heads, head_dim = program.kv_geometry()
-    page_size, dtype, device = config.cache.page_size, program.dtype, program.device
-    bytes_per_page = layers * 2 * page_size * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-    max_len = program.meta.max_model_len
-    num_pages = _num_pages(config, program, max_len, bytes_per_page)
-    program.attention = make_attention_backend(
-        config.engine.attention_backend, num_layers=layers, num_pages=num_pages, page_size=page_size,
-        num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, device=device,
-    )
+def engine_limits(program: Program, config: VoxConfig, num_pages: int) -> EngineLimits:
     sched = config.scheduler
     frames_per_chunk = sched.detokenize_interval or program.meta.frames_per_chunk
     if (sched.first_chunk_frames or 0) > frames_per_chunk:
         raise ConfigError(f"--first-chunk-frames {sched.first_chunk_frames} exceeds the {frames_per_chunk} frames "
-                         f"of {program.meta.name}'s audio chunks (--detokenize-interval)")
-    limits = EngineLimits(
+                          f"of {program.meta.name}'s audio chunks (--detokenize-interval)")
+    return EngineLimits(
         max_batch=sched.max_batch_size, max_prefill_tokens=sched.max_prefill_tokens,
-        max_prefill_seqs=min(sched.max_prefill_seqs, sched.max_batch_size),
-        max_codec_batch=sched.max_codec_batch,
-        frames_per_chunk=frames_per_chunk, first_chunk_frames=sched.first_chunk_frames or 0,
-        num_pages=num_pages, page_size=page_size, max_model_len=max_len,
+        max_prefill_seqs=min(sched.max_prefill_seqs, sched.max_batch_size), max_codec_batch=sched.max_codec_batch,
+        frames_per_chunk=frames_per_chunk, first_chunk_frames=sched.first_chunk_frames or 0, num_pages=num_pages,
+        page_size=config.cache.page_size, max_model_len=program.meta.max_model_len,
         repetition_window=int(program.meta.default_sampling.get("repetition_window", 64)),
     )
-    program.setup_arenas(limits)
-    return program
 
 
-def engine_spec(program: Program, engine_id: int | None = None) -> dict[str, Any]:
-    """The JSON-serialisable engine spec of a built program."""
+def _bytes_per_page(program: Program, page_size: int) -> int:
+    layers, _, kv_heads, head_dim = program.kv_geometry()
+    return layers * 2 * page_size * kv_heads * head_dim * torch.empty((), dtype=program.dtype).element_size()
+
+
+def _attention(program: Program, config: VoxConfig, num_pages: int) -> None:
+    layers, q_heads, kv_heads, head_dim = program.kv_geometry()
+    program.attention = make_attention_backend(
+        config.engine.attention_backend, num_layers=layers, num_pages=num_pages, page_size=config.cache.page_size,
+        num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype=program.dtype, device=program.device,
+    )
+
+
+def size_kv_cache(program: Program, config: VoxConfig, activation_peak: int) -> int:
+    """Pages (the null page included) for what is left after weights, state, arenas and the activation
+    peak: `--max-num-pages` when given, else at most max_batch sequences of max_model_len."""
+    page_size = config.cache.page_size
+    per_seq = -(-program.meta.max_model_len // page_size)
+    if config.cache.max_num_pages is not None:
+        return config.cache.max_num_pages + 1
+    wanted = config.scheduler.max_batch_size * per_seq + 1
+    if program.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(program.device)
+        used = total - free
+        budget = int(total * config.cache.gpu_memory_utilization) - used - activation_peak - GPU_MARGIN_BYTES
+    else:
+        budget = CPU_KV_BUDGET_BYTES
+    affordable = max(budget // _bytes_per_page(program, page_size), 0)
+    if affordable < per_seq + 1:
+        raise RuntimeError(f"not enough memory for one sequence of {program.meta.max_model_len} tokens in the KV "
+                           f"cache ({affordable} pages affordable); lower --max-model-len or raise memory")
+    return int(min(wanted, affordable))
+
+
+def prepare_engine(program: Program, config: VoxConfig, engine_id: int) -> Engine:
+    """Give a freshly loaded program its state, KV cache and (on a GPU) its CUDA graphs."""
+    on_cuda = program.device.type == "cuda"
+    _attention(program, config, PLACEHOLDER_PAGES)
+    program.setup(engine_limits(program, config, PLACEHOLDER_PAGES))
+    buckets = stage_buckets(program)
+    peak = warm_up(program, buckets) if on_cuda else 0
+    num_pages = size_kv_cache(program, config, peak)
+    _attention(program, config, num_pages)
+    program.limits = dataclasses.replace(program.limits, num_pages=num_pages)
+    engine = Engine(engine_id, program, config, buckets)
+    if on_cuda and not config.engine.disable_cuda_graph:
+        engine.graphs = capture_all(program, _captured(program, buckets))
+    engine.memory = {"weights_bytes": program.weights_bytes(), "state_bytes": program.state_bytes(),
+                     "arena_bytes": sum(a.nbytes for a in program.arenas.values()),
+                     "kv_bytes": program.attention.memory_bytes(), "activation_peak_bytes": peak,
+                     "graph_bytes": engine.graphs.memory_bytes if engine.graphs else 0}
+    return engine
+
+
+def stage_buckets(program: Program) -> dict[Stage, list[int]]:
     lim = program.limits
-    att = program.attention
-    return {
-        "version": SPEC_VERSION,
-        "engine_id": engine_id,
-        "device": str(program.device),
-        "dtype": str(program.dtype).removeprefix("torch."),
-        "meta": program.meta.to_dict(),
-        "limits": asdict(lim),
-        "attention": {
-            "backend": att.name, "num_layers": att.num_layers, "num_q_heads": att.num_q_heads,
-            "num_kv_heads": att.num_kv_heads, "head_dim": att.head_dim, "page_size": att.page_size,
-            "num_pages": att.num_pages, "num_reserved_pages": 1, "layout": "NHD",
-            "kv_cache_ptrs": [c.data_ptr() for c in att.kv_caches],
-            "kv_cache_bytes": att.memory_bytes(),
-        },
-        "arenas": {name: arena.layout() for name, arena in program.arenas.items()},
-        "stages": {
-            "prefill": {"buckets": bucket_sizes(lim.max_prefill_tokens, 16), "max_seqs": lim.max_prefill_seqs,
-                        "inputs": "prefill_in", "outputs": "prefill_out", "graphs": {}},
-            "decode": {"buckets": bucket_sizes(lim.max_batch), "inputs": "decode_in",
-                       "outputs": "decode_out", "graphs": {}},
-            "codec": {"buckets": bucket_sizes(lim.max_codec_batch), "inputs": "codec_in",
-                      "outputs": "codec_out", "graphs": {}},
-            **({"codec_first": {"buckets": bucket_sizes(lim.max_codec_batch), "inputs": "codec_first_in",
-                                "outputs": "codec_first_out", "frames": lim.first_frames, "graphs": {}}}
-               if lim.has_first_chunks else {}),
-        },
-        "memory": {"weights_bytes": program.weights_bytes(), "kv_bytes": att.memory_bytes()},
-    }
+    buckets = {Stage.PROLOGUE: [1],
+               Stage.PREFILL: bucket_sizes(lim.max_prefill_tokens, min(16, lim.max_prefill_tokens)),
+               Stage.DECODE: bucket_sizes(lim.max_batch), Stage.CODEC: bucket_sizes(lim.max_codec_batch)}
+    if lim.has_first_chunks:
+        buckets[Stage.CODEC_FIRST] = bucket_sizes(lim.max_codec_batch)
+    return buckets
+
+
+def _captured(program: Program, buckets: dict[Stage, list[int]]) -> dict[Stage, list[int]]:
+    """The stages captured as graphs: all, but prefill only where the attention backend plans it
+    graph-statically (a fixed sequence count)."""
+    return {s: b for s, b in buckets.items() if s is not Stage.PREFILL or program.attention.prefill_graphs}
+
+
+def startup_report(engine: Engine) -> str:
+    """Where the memory went and how many tokens fit: printed once at start-up."""
+    p, lim, m = engine.program, engine.limits, engine.memory
+    mib = 2**20
+    graphs = engine.graphs
+    return (
+        f"model {p.meta.name} on {p.device} ({str(p.dtype).removeprefix('torch.')}): weights "
+        f"{m['weights_bytes'] / mib:.0f} MiB, request state {m['state_bytes'] / mib:.0f} MiB ({lim.slots} slots), "
+        f"arenas {m['arena_bytes'] / mib:.1f} MiB,"
+        f" activation peak {m['activation_peak_bytes'] / mib:.0f} MiB, KV cache {m['kv_bytes'] / mib:.0f} MiB "
+        f"({lim.num_pages - 1} pages of {lim.page_size} tokens = {(lim.num_pages - 1) * lim.page_size} concurrent "
+        f"tokens), attention {p.attention.name}, "
+        + (f"{len(graphs.graphs)} CUDA graphs {graphs.memory_bytes / mib:.0f} MiB" if graphs else "eager stages")
+    )
 
 
 def build_engine(config: VoxConfig) -> dict[str, Any]:
-    """Build a program and return its engine spec; the program stays alive under `engine_id`."""
-    program = build_program(config)
-    engine_id = next(_ids)
-    _ENGINES[engine_id] = program
-    return engine_spec(program, engine_id)
+    """Build, size and capture the engine for `config`; returns its JSON-serialisable spec. The engine
+    stays alive (registry) for as long as the process, so the spec's addresses and handles stay valid."""
+    return engine_of_program(load_program(config), config)
 
 
-def get_program(engine_id: int) -> Program:
-    return _ENGINES[engine_id]
+def engine_of_program(program: Program, config: VoxConfig, report: bool = True) -> dict[str, Any]:
+    """`build_engine` for a program already loaded (tests load theirs from a reference checkpoint)."""
+    from vox_serve.engine.registry import register
+    from vox_serve.engine.spec import engine_spec
+
+    engine = register(lambda engine_id: prepare_engine(program, config, engine_id))
+    if report:
+        print(startup_report(engine), file=sys.stderr)
+    return engine_spec(engine)

@@ -1,8 +1,11 @@
-"""Static arenas: named fixed-shape fields packed into one device buffer with a pinned host mirror.
+"""Static arenas: named fixed-shape fields packed into one device buffer, with pinned host mirrors.
 
-An input arena is filled on the host and copied to the device in one transfer per step; an
-output arena is copied back in one transfer. Field views never move, so CUDA graphs captured
-over them stay valid, and the engine spec can publish each field's address and layout.
+A step's inputs are written into a pinned host buffer and copied to the device in one transfer;
+its outputs come back in one transfer. Host buffers alternate between steps (`num_host_buffers=2`),
+so the host may write step k+1's inputs, and read step k's outputs, while the device still uses
+the other pair. Field views never move, so CUDA graphs captured over them stay valid, and the
+engine spec can publish each field's address and layout. On a CPU device the device buffer is the
+(only) host buffer and copies are no-ops.
 """
 
 from __future__ import annotations
@@ -33,15 +36,14 @@ def _align(n: int) -> int:
 
 
 class Arena:
-    """Fields `spec.name -> tensor` on the device (`dev`) and on the host (`host`).
+    """Fields `spec.name -> tensor` on the device (`dev`) and in the current host buffer (`host`)."""
 
-    On a CPU device both views share one buffer and the copies are no-ops.
-    """
-
-    def __init__(self, name: str, fields: list[FieldSpec], device: torch.device) -> None:
+    def __init__(self, name: str, fields: list[FieldSpec], device: torch.device, num_host_buffers: int = 1) -> None:
         self.name = name
         self.device = torch.device(device)
         self.specs = {f.name: f for f in fields}
+        if len(self.specs) != len(fields):
+            raise ValueError(f"arena {name} declares a field twice")
         self.offsets: dict[str, int] = {}
         offset = 0
         for f in fields:
@@ -50,45 +52,58 @@ class Arena:
         self.nbytes = max(offset, _ALIGN)
         on_cpu = self.device.type == "cpu"
         self._dev_buf = torch.zeros(self.nbytes, dtype=torch.uint8, device=self.device)
-        self._host_buf = (
-            self._dev_buf if on_cpu else torch.zeros(self.nbytes, dtype=torch.uint8, pin_memory=True)
-        )
-        self.dev = {f.name: self._view(self._dev_buf, f) for f in fields}
-        self.host = {f.name: self._view(self._host_buf, f) for f in fields}
+        self._host_bufs = [self._dev_buf] if on_cpu else [self._pinned() for _ in range(num_host_buffers)]
+        self.dev = self._views(self._dev_buf)
+        self._host_views = [self._views(buf) for buf in self._host_bufs]
+        self.current = 0
+        self.host = self._host_views[0]
 
-    def _view(self, buf: torch.Tensor, spec: FieldSpec) -> torch.Tensor:
-        start = self.offsets[spec.name]
-        return buf[start : start + spec.nbytes].view(spec.dtype).view(spec.shape)
+    def _pinned(self) -> torch.Tensor:
+        return torch.zeros(self.nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def _views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {name: buf[self.offsets[name]: self.offsets[name] + s.nbytes].view(s.dtype).view(s.shape)
+                for name, s in self.specs.items()}
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.dev[name]
 
-    def upload(self) -> None:
-        """Host -> device, one transfer (asynchronous from pinned memory)."""
-        if self._host_buf is not self._dev_buf:
-            self._dev_buf.copy_(self._host_buf, non_blocking=True)
+    def __contains__(self, name: str) -> bool:
+        return name in self.specs
 
-    def download(self) -> None:
-        """Device -> host, one transfer; synchronises with the producing stream."""
-        if self._host_buf is not self._dev_buf:
-            self._host_buf.copy_(self._dev_buf, non_blocking=True)
-            torch.cuda.current_stream(self.device).synchronize()
+    @property
+    def num_host_buffers(self) -> int:
+        return len(self._host_bufs)
 
-    def snapshot(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """(device, host) field views of a copy of the whole arena, taken now.
+    def select(self, index: int) -> dict[str, torch.Tensor]:
+        """Make host buffer `index` (modulo their number) current; returns its views."""
+        self.current = index % len(self._host_bufs)
+        self.host = self._host_views[self.current]
+        return self.host
 
-        One device-to-device copy and one asynchronous device-to-host copy into pinned memory:
-        later launches may overwrite the arena while the host copy is still in flight. Read the
-        host views once the stream has passed this point (an event recorded after it).
-        """
-        dev = self._dev_buf.clone()
-        if self._host_buf is self._dev_buf:
-            host = dev
-        else:
-            host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=True)
-            host.copy_(dev, non_blocking=True)
-        return ({name: self._view(dev, spec) for name, spec in self.specs.items()},
-                {name: self._view(host, spec) for name, spec in self.specs.items()})
+    def host_views(self, index: int) -> dict[str, torch.Tensor]:
+        """The field views of host buffer `index` (modulo their number)."""
+        return self._host_views[index % len(self._host_bufs)]
+
+    def end_of(self, name: str) -> int:
+        """The byte offset just past field `name` (a prefix that ends with it)."""
+        return self.offsets[name] + self.specs[name].nbytes
+
+    def upload(self, nbytes: int | None = None) -> None:
+        """Current host buffer -> device, the first `nbytes` (default all): one asynchronous transfer on
+        the current stream."""
+        host = self._host_bufs[self.current]
+        if host is not self._dev_buf:
+            n = self.nbytes if nbytes is None else nbytes
+            self._dev_buf[:n].copy_(host[:n], non_blocking=True)
+
+    def download(self, nbytes: int | None = None) -> None:
+        """Device -> current host buffer, the first `nbytes`: one asynchronous transfer on the current
+        stream (read the host views after an event recorded behind it)."""
+        host = self._host_bufs[self.current]
+        if host is not self._dev_buf:
+            n = self.nbytes if nbytes is None else nbytes
+            host[:n].copy_(self._dev_buf[:n], non_blocking=True)
 
     def layout(self) -> dict:
         """JSON-serialisable layout: the buffer addresses and every field's offset, shape, dtype."""
@@ -97,7 +112,7 @@ class Arena:
             "nbytes": self.nbytes,
             "device": str(self.device),
             "device_ptr": self._dev_buf.data_ptr(),
-            "host_ptr": self._host_buf.data_ptr(),
+            "host_ptrs": [buf.data_ptr() for buf in self._host_bufs],
             "fields": [
                 {
                     "name": f.name,

@@ -1,9 +1,19 @@
-"""The program abstraction: one model = meta + static arenas + three stages + a prompt builder.
+"""The program abstraction: one model = meta + device state + capturable stages + a prompt builder.
 
-A program owns its weights, its KV cache (through an attention backend) and six arenas:
-`prefill_in/out`, `decode_in/out` (the standard LM-step schema below) and `codec_in/out`.
-Stages read and write only arena views, with sizes given as Python ints (the bucket), so each
-(stage, bucket) pair is capturable as a CUDA graph.
+A program owns its weights, its KV cache (through an attention backend), the request state on the
+device (`SlotState`, indexed by request slot) and a step's two arenas (`step_in`, `step_out`; see
+`step_fields.py`). Its stages read and write only those, with sizes given as Python ints (the
+bucket), so each (stage, bucket) pair is capturable as a CUDA graph:
+
+- `prologue`: admissions (a slot's sampling parameters, prompt length, declared slot fields; its
+  codec state reset) and page-table updates of the step;
+- `prefill` / `decode`: one LM launch; the base class derives the launch's device view (`LmBatch`),
+  the program's `lm_step` computes and samples, and `LmBatch.commit` records the samples;
+- `codec` / `codec_first`: a batch of chunk windows gathered from the slots' codes (`CodecWindow`),
+  turned into PCM by the program's `decode_audio`.
+
+A model program implements `lm_step`, `decode_audio`, `kv_geometry` and `preprocess` (and, for a
+stateful codec, `allocate` and `reset_slots`); the rest is here.
 """
 
 from __future__ import annotations
@@ -12,140 +22,133 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from vox_serve.core.meta import EngineLimits, ProgramMeta
-from vox_serve.core.request import EmbeddedPrompt
-from vox_serve.rt.arena import Arena, FieldSpec
-from vox_serve.rt.attention import AttentionBackend, AttentionBuffers
-
-
-def lm_input_fields(tokens: int, seqs: int, limits: EngineLimits, columns: int) -> list[FieldSpec]:
-    """The standard LM-step input schema (shared by prefill and decode)."""
-    i32, i64, f32 = torch.int32, torch.int64, torch.float32
-    return [
-        FieldSpec("input_ids", (tokens, columns), i64),
-        FieldSpec("positions", (tokens,), i64),
-        FieldSpec("slot_mapping", (tokens,), i64),
-        FieldSpec("qo_indptr", (seqs + 1,), i32),
-        FieldSpec("kv_lens", (seqs,), i32),
-        FieldSpec("page_table", (seqs, limits.max_pages_per_seq), i32),
-        FieldSpec("kv_indptr", (seqs + 1,), i32),  # the page table in CSR form, for host planners
-        FieldSpec("kv_indices", (seqs * limits.max_pages_per_seq,), i32),
-        FieldSpec("kv_last_page_len", (seqs,), i32),
-        FieldSpec("logits_index", (seqs,), i64),
-        FieldSpec("temperature", (seqs,), f32),
-        FieldSpec("top_k", (seqs,), i64),
-        FieldSpec("top_p", (seqs,), f32),
-        FieldSpec("min_p", (seqs,), f32),
-        FieldSpec("repetition_penalty", (seqs,), f32),
-        FieldSpec("seed", (seqs,), i64),
-        FieldSpec("gen_index", (seqs,), i64),  # tokens generated so far: the RNG offset
-        FieldSpec("num_codes", (seqs,), i64),  # audio codes so far: position inside the frame
-        FieldSpec("allow_stop", (seqs,), torch.bool),  # False: ignore_eos / not at a frame boundary yet
-        FieldSpec("history", (seqs, limits.repetition_window), i64),
-    ]
-
-
-def prompt_embed_fields(seqs: int, dim: int) -> list[FieldSpec]:
-    """Vectors added to prompt positions' input embeddings (a speaker embedding): at most one per sequence
-    of a prefill launch. `embed_rows` indexes the launch's flattened tokens; unused entries hold zeros."""
-    return [FieldSpec("embed_rows", (seqs,), torch.int64), FieldSpec("embeds", (seqs, dim), torch.float32)]
-
-
-def lm_output_fields(seqs: int, codes_per_step: int) -> list[FieldSpec]:
-    return [
-        FieldSpec("tokens", (seqs, codes_per_step), torch.int64),
-        FieldSpec("codes", (seqs, codes_per_step), torch.int64),
-        FieldSpec("out_kind", (seqs,), torch.int32),
-    ]
-
-
-def codec_fields(batch: int, window: int, meta: ProgramMeta, frames_per_chunk: int) -> tuple[list, list]:
-    inputs = [
-        FieldSpec("codes", (batch, window, meta.codes_per_frame), torch.int64),
-        FieldSpec("first_frame", (batch,), torch.int64),
-        FieldSpec("seed", (batch,), torch.int64),
-        FieldSpec("slot", (batch,), torch.int64),  # codec slot; -1 (NO_SLOT) on padded rows
-    ]
-    outputs = [FieldSpec("pcm", (batch, frames_per_chunk * meta.samples_per_frame), torch.int16)]
-    return inputs, outputs
-
-
-def attention_buffers(arena: Arena) -> AttentionBuffers:
-    return AttentionBuffers(
-        page_table=arena["page_table"], kv_lens=arena["kv_lens"],
-        qo_indptr=arena["qo_indptr"], slot_mapping=arena["slot_mapping"], kv_indices=arena["kv_indices"],
-        kv_indptr_host=arena.host["kv_indptr"], kv_last_page_len_host=arena.host["kv_last_page_len"],
-        qo_indptr_host=arena.host["qo_indptr"],
-    )
+from vox_serve.core.request import Prompt
+from vox_serve.core.stages import Stage
+from vox_serve.rt.arena import Arena
+from vox_serve.rt.attention import AttentionBackend
+from vox_serve.rt.codec_window import CodecWindow, codec_window
+from vox_serve.rt.lm_batch import LaunchSource, LmBatch, LmSample, decode_batch, prefill_batch
+from vox_serve.rt.slot_state import SAMPLING_FIELDS, SlotState
+from vox_serve.rt.step_fields import step_input_fields, step_output_fields
 
 
 class Program(ABC):
-    """Base class of every model program. Subclasses set `meta` and implement the stages."""
+    """Base class of every model program. Subclasses set `meta` and implement the hooks below."""
 
     meta: ProgramMeta
     attention: AttentionBackend
     limits: EngineLimits
+    state: SlotState
     arenas: dict[str, Arena]
 
     def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
+        self.kv_indices: dict[str, Tensor | None] = {}
 
-    def setup_arenas(self, limits: EngineLimits) -> None:
-        """Allocate every arena at its maximum size (once, before any graph capture)."""
+    # ---- set-up (once, before any capture) ------------------------------------------------
+    def setup(self, limits: EngineLimits) -> None:
+        """Allocate the slot state, the step arenas and the program's own state pools."""
         self.limits = limits
         m, dev = self.meta, self.device
-        window = m.codec_window(limits.frames_per_chunk)
-        codec_in, codec_out = codec_fields(limits.max_codec_batch, window, m, limits.frames_per_chunk)
-        pt, ps = limits.max_prefill_tokens, limits.max_prefill_seqs
-        prefill_fields = lm_input_fields(pt, ps, limits, m.input_columns)
-        if m.prompt_embed_dim:
-            prefill_fields += prompt_embed_fields(ps, m.prompt_embed_dim)
-        self.arenas = {
-            "prefill_in": Arena("prefill_in", prefill_fields, dev),
-            "prefill_out": Arena("prefill_out", lm_output_fields(ps, m.codes_per_step), dev),
-            "decode_in": Arena("decode_in", lm_input_fields(limits.max_batch, limits.max_batch, limits,
-                                                            m.input_columns), dev),
-            "decode_out": Arena("decode_out", lm_output_fields(limits.max_batch, m.codes_per_step), dev),
-            "codec_in": Arena("codec_in", codec_in, dev),
-            "codec_out": Arena("codec_out", codec_out, dev),
+        self.state = SlotState(m, limits, dev)
+        self.arenas = {"step_in": Arena("step_in", step_input_fields(m, limits), dev, num_host_buffers=2),
+                       "step_out": Arena("step_out", step_output_fields(m, limits), dev, num_host_buffers=2)}
+        pages = limits.max_pages_per_seq
+        self.kv_indices = {
+            stage: torch.zeros(rows * pages, dtype=torch.int32, device=dev) if self.attention.needs_kv_indices else None
+            for stage, rows in (("decode", limits.max_batch), ("prefill", limits.max_prefill_seqs))
         }
-        if limits.has_first_chunks:  # first chunks are shorter: arenas (and graphs) of their own
-            first_in, first_out = codec_fields(limits.max_codec_batch, m.codec_window(limits.first_frames), m,
-                                               limits.first_frames)
-            self.arenas["codec_first_in"] = Arena("codec_first_in", first_in, dev)
-            self.arenas["codec_first_out"] = Arena("codec_first_out", first_out, dev)
+        self.allocate(limits)
 
-    def codec_arenas(self, first: bool) -> tuple[Arena, Arena]:
-        """(inputs, outputs) of the codec stage: the first-chunk pair or the regular one."""
-        prefix = "codec_first" if first else "codec"
-        return self.arenas[f"{prefix}_in"], self.arenas[f"{prefix}_out"]
+    def allocate(self, limits: EngineLimits) -> None:  # noqa: B027 - optional hook
+        """Program-owned state at its maximum size (depth-transformer KV, codec slot pools)."""
 
+    def state_bytes(self) -> int:
+        """Device bytes of the request state (slot tables and the program's pools)."""
+        return self.state.memory_bytes()
+
+    # ---- stages ----------------------------------------------------------------------------
+    def run_stage(self, stage: Stage, bucket: int, num_seqs: int | None = None) -> None:
+        """Run `stage` for `bucket` rows (prefill: token rows; `num_seqs` defaults to the captured
+        sequence count, max_prefill_seqs)."""
+        if stage is Stage.PROLOGUE:
+            self.prologue()
+        elif stage is Stage.PREFILL:
+            self.prefill(bucket, self.limits.max_prefill_seqs if num_seqs is None else num_seqs)
+        elif stage is Stage.DECODE:
+            self.decode(bucket)
+        else:
+            self.codec(bucket, first=stage is Stage.CODEC_FIRST)
+
+    def prologue(self) -> None:
+        """Apply the step's admissions and page-table updates to the slot tables."""
+        st, a = self.state, self.arenas["step_in"].dev
+        slots = st.slots(a["admit_slot"])
+        for name in SAMPLING_FIELDS:
+            st[name][slots] = a[f"admit_{name}"]
+        st.num_codes[slots] = 0
+        for f in self.meta.layout.slot_fields:
+            st[f.name][slots] = a[f"admit_{f.name}"]
+            st[f"{f.name}_len"][slots] = a[f"admit_{f.name}_len"]
+        raw = a["page_slot"]
+        valid = raw >= 0  # padded entries rewrite the scratch row's first entry with the null page
+        index = torch.where(valid, a["page_index"], 0).long()
+        st.page_table[st.slots(raw), index] = torch.where(valid, a["page_id"], 0)
+        self.reset_slots(slots)
+
+    def _source(self, stage: str) -> LaunchSource:
+        return LaunchSource(self.state, self.arenas["step_in"], self.arenas["step_out"], self.limits.page_size,
+                            self.limits.repetition_window, self.kv_indices.get(stage))
+
+    def prefill(self, num_tokens: int, num_seqs: int) -> None:
+        batch = prefill_batch(self._source("prefill"), num_tokens, num_seqs)
+        batch.commit(self.lm_step(batch))
+
+    def decode(self, batch_size: int) -> None:
+        batch = decode_batch(self._source("decode"), batch_size)
+        batch.commit(self.lm_step(batch))
+
+    def codec(self, batch: int, first: bool = False) -> None:
+        lim = self.limits
+        frames = lim.first_frames if first else lim.frames_per_chunk
+        window = codec_window(self.state, self.arenas["step_in"], self.arenas["step_out"],
+                              "codec_first" if first else "codec", batch, self.meta.codec_window(frames))
+        pcm = self.decode_audio(window, frames)
+        window.pcm_out[:batch] = (pcm.float().clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16)
+
+    # ---- model hooks -----------------------------------------------------------------------
     @abstractmethod
     def kv_geometry(self) -> tuple[int, int, int, int]:
         """(layers, query heads, KV heads, head dim) of the paged KV cache."""
 
     @abstractmethod
-    def preprocess(self, fields: dict[str, Any]) -> list[list[int]] | EmbeddedPrompt:
-        """Validated request fields -> prompt ids [prompt_len][input_columns] (with prompt vectors, for
-        programs whose meta has a prompt_embed_dim). Raises ValueError."""
+    def preprocess(self, fields: dict[str, Any]) -> Prompt:
+        """Validated request fields -> the prompt (ids [prompt_len, input_columns], and the prompt
+        vectors and slot fields the program declares). Raises ValueError."""
 
     @abstractmethod
-    def prefill(self, num_tokens: int, num_seqs: int) -> None:
-        """Run the first `num_tokens` rows of prefill_in; sample for the first `num_seqs` sequences."""
+    def lm_step(self, batch: LmBatch) -> LmSample:
+        """Run the LM over the launch's tokens and sample each row's next token row (capturable)."""
 
     @abstractmethod
-    def decode(self, batch: int) -> None:
-        """One decode step for the first `batch` rows of decode_in -> decode_out."""
+    def decode_audio(self, window: CodecWindow, frames: int) -> Tensor:
+        """The PCM [K, frames * samples_per_frame] (float, in [-1, 1]) that the windows emit after their
+        lookback: `frames` chunk frames each (capturable)."""
 
-    @abstractmethod
-    def codec(self, batch: int, first: bool = False) -> None:
-        """Turn the first `batch` windows of codec_in into PCM in codec_out (`first`: of the first-chunk
-        arenas, whose windows are shorter; see `codec_arenas`)."""
+    def warm_up_eager(self) -> None:  # noqa: B027 - optional hook
+        """Run, at its largest input, any eager work that serving does outside the stages (reference-audio
+        encoders), so the engine's memory measurement includes it before the KV cache is sized."""
 
-    def release_codec_slot(self, slot: int) -> None:  # noqa: B027 - optional hook, a no-op by default
-        """Forget a stateful codec's state for `slot` (stateless codecs keep none)."""
+    def reset_slots(self, slots: Tensor) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Forget a stateful codec's state for these slots (admitted this step; may hold the scratch slot)."""
+
+    def prompt_builder_spec(self) -> dict[str, Any]:
+        """What a prompt builder outside Python needs (tokenizer file, ids, templates); {} when none can."""
+        return {}
 
     def weights_bytes(self) -> int:
         return 0

@@ -1,14 +1,18 @@
-"""The base scheduling policy and the request life cycle every policy shares (pure Python, no torch).
+"""The base scheduling policy and the request life cycle every policy shares (torch-free).
 
 Each step: audio chunks that are ready are decoded (in arrival order); new requests are admitted
 and prefilled first; every other running request decodes one token.
+Slots: an admitted request holds a request slot until it ends; the slot indexes its state on the
+device (page table, sampling parameters, token history, codes, codec state) and the host's counters
+in the slot table (`core/slot_table.py`), so the decode batch and the step's results are handled
+with array operations, and Python runs per request only on events (admission, a new KV page, a
+stop, a ready chunk).
 KV pages: admission reserves the prompt's pages; decoding extends a request page by page. When a
 decode finds no free page, the most recently admitted request is preempted: its pages are freed,
-it keeps its generated tokens and audio, and it returns to the front of the queue to recompute
-its KV when pages free up. So running out of pages never fails a request; new requests wait.
-Requests in the step being planned, or in the step still on the device, are never preempted.
-Input-streaming requests of models that feed text per frame wait while their text runs dry
-(text_input.py).
+it keeps its slot (its tokens and audio stay on the device), and it returns to the front of the
+queue to recompute its KV when pages free up. Requests in the step being planned, or in a step
+still on the device, are never preempted. Input-streaming requests of models that feed text per
+frame wait while their text runs dry (text_input.py).
 
 Policies (online.py, offline.py, deadline.py) subclass `Scheduler` and override these hooks:
 `select_codec` (which chunks to decode), `admission_order` / `can_admit` / `defer_admissions`
@@ -16,10 +20,11 @@ Policies (online.py, offline.py, deadline.py) subclass `Scheduler` and override 
 full) and `next_wakeup` (when a policy that is holding work back wants to run again).
 
 Asynchronous scheduling (`async_scheduling`): `schedule()` may be called again before the previous
-plan's `update()`. A request decoding in the step in flight then decodes again with a placeholder
-input (`LmRow.pending_input`); a request that stops is retired when its stop arrives, and whatever
-was planned for it in the meantime is discarded, so nothing is emitted past a stop. Its pages are
-freed only once no step in flight writes them.
+plan's `update()`. A request decoding in the step in flight then decodes again: its input is the
+token that step samples, which the engine reads from the slot's history on the device. A request
+that stops is retired when its stop arrives, and whatever was planned for it in the meantime is
+discarded, so nothing is emitted past a stop. Its pages are freed only once no step in flight
+writes them.
 """
 
 from __future__ import annotations
@@ -27,18 +32,36 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from vox_serve.config import SchedulerConfig
 from vox_serve.core.chunks import ChunkGeometry
 from vox_serve.core.meta import EngineLimits, ProgramMeta
-from vox_serve.core.page_pool import PagePool, SlotPool
-from vox_serve.core.plan import ABSENT_ID, CodecRow, LmOut, LmRow, StepPlan, StepResult
+from vox_serve.core.page_pool import PagePool
+from vox_serve.core.plan import LmLaunch, PageUpdates, StepPlan, StepResult
 from vox_serve.core.request import OutKind, Request, RequestStatus
-from vox_serve.scheduler.text_input import add_text, extend, waits_for_text
+from vox_serve.core.slot_table import SlotState, SlotTable
+from vox_serve.scheduler.rows import CodecRows, PrefillRows, decode_launch, slot_init
+from vox_serve.scheduler.text_input import extend, waits_for_text
+
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 class QueueFull(RuntimeError):
     """Too many requests are waiting; the caller should retry later."""
+
+
+@dataclass
+class Flight:
+    """A planned step whose results have not been applied: which slot occupancies its rows belong to."""
+
+    prefill_slots: np.ndarray = field(default_factory=lambda: _EMPTY)
+    prefill_occupancy: np.ndarray = field(default_factory=lambda: _EMPTY)
+    prefill_sample: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
+    decode_slots: np.ndarray = field(default_factory=lambda: _EMPTY)
+    decode_occupancy: np.ndarray = field(default_factory=lambda: _EMPTY)
 
 
 class Scheduler:
@@ -48,8 +71,8 @@ class Scheduler:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.meta, self.limits, self.config, self.clock = meta, limits, config, clock
         self.pool = PagePool(limits.num_pages, limits.page_size)
-        self.slots = SlotPool(limits.codec_slots) if meta.stateful_codec else None
         self.geometry = ChunkGeometry.from_meta(meta, limits.frames_per_chunk, limits.first_chunk_frames)
+        self.table = SlotTable(limits.slots, self.geometry)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted (holding pages), generating tokens
@@ -58,10 +81,16 @@ class Scheduler:
         self.now = clock()
         self.reasons: dict[str, dict[str, str]] = {}  # stage -> req_id -> why (for traces)
         self.notes: list[str] = []  # step-level decisions (for traces)
-        self._in_flight: dict[int, set[str]] = {}  # planned, not yet updated: step -> LM row req ids
-        self._codec_in_flight: dict[int, set[str]] = {}  # step -> req ids with chunks in it
-        self._free_later: set[str] = set()  # ended requests whose pages a step in flight still writes
-        self._released_slots: list[int] = []
+        self.on_release: Callable[[Request], None] | None = None  # called before a request's slot is freed
+        self._flights: dict[int, Flight] = {}
+        self._free_later: dict[str, int] = {}  # ended request -> the step in flight that still writes its pages
+        self._planned = np.zeros(limits.slots, dtype=np.bool_)  # slots with an LM row in the plan being made
+        self._running = _EMPTY  # running slots in admission order, at the start of the plan being made
+        self._page_slot: list[int] = []
+        self._page_index: list[int] = []
+        self._page_id: list[int] = []
+        self._admits: list = []
+        self._codec_rows = CodecRows()
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -72,6 +101,9 @@ class Scheduler:
             raise ValueError(f"prompt of {req.prompt_len} tokens exceeds max_model_len {self.limits.max_model_len}")
         if self.pool.pages_needed(req.req_id, req.prompt_len + 1) > self.pool.num_usable:
             raise ValueError(f"prompt of {req.prompt_len} tokens does not fit in the KV cache")
+        if req.prompt.ids.shape[1] > self.meta.input_columns:
+            raise ValueError(f"prompt rows have {req.prompt.ids.shape[1]} ids; "
+                             f"the model takes {self.meta.input_columns}")
         if len(self.waiting) >= self.config.max_queued_requests:
             raise QueueFull(f"{len(self.waiting)} requests are already waiting")
         req.stats.arrival = self.clock()
@@ -91,17 +123,29 @@ class Scheduler:
         if req is not None:
             extend(req, ids, ended)
 
+    def _text_waiting(self, slots: np.ndarray) -> np.ndarray:
+        """[len(slots)] bool: the slot's next LM row needs streamed text that has not arrived."""
+        t = self.table
+        generated = t.num_generated[slots] + t.num_pending[slots]
+        return generated - 1 >= t.text_limit[slots]
+
     @property
     def num_waiting_for_text(self) -> int:
         """Requests that cannot run until more of their text arrives."""
-        return sum(waits_for_text(r) for r in self.running + list(self.waiting))
+        state = self.table.state
+        slots = np.flatnonzero((state == SlotState.RUNNING) | (state == SlotState.WAITING))
+        return int(self._text_waiting(slots).sum())
+
+    @property
+    def num_generating(self) -> int:
+        """Running requests that are not waiting for text (what admission counts against the batch)."""
+        slots = np.flatnonzero(self.table.state == SlotState.RUNNING)
+        return len(slots) - int(self._text_waiting(slots).sum())
 
     def pool_usage(self) -> dict[str, tuple[int, int]]:
-        """(free, total) of the KV page pool and, for stateful codecs, the codec slot pool."""
-        usage = {"kv_pages": (self.pool.num_free, self.pool.num_usable)}
-        if self.slots is not None:
-            usage["codec_slots"] = (self.slots.num_free, self.slots.num_slots)
-        return usage
+        """(free, total) of the KV page pool and of the request slots."""
+        return {"kv_pages": (self.pool.num_free, self.pool.num_usable),
+                "slots": (self.table.num_free, self.table.num_slots)}
 
     def has_work(self) -> bool:
         return bool(self.requests)
@@ -113,7 +157,7 @@ class Scheduler:
     @property
     def num_in_flight(self) -> int:
         """Planned steps whose results have not been applied yet (asynchronous scheduling: at most 1)."""
-        return len(self._in_flight)
+        return len(self._flights)
 
     def next_wakeup(self) -> float | None:
         """When a policy holding work back will plan it without any new event (None: never waits)."""
@@ -125,84 +169,102 @@ class Scheduler:
         self.now = self.clock()
         self.reasons = {"codec": {}, "prefill": {}, "decode": {}}
         self.notes = []
+        self._planned[:] = False
+        self._running = self.table.slots_in(SlotState.RUNNING)
+        self._page_slot, self._page_index, self._page_id, self._admits = [], [], [], []
+        self._codec_rows = CodecRows()
         plan = StepPlan(self.step_id)
-        plan.codec = self.select_codec()
-        plan.prefill = self.select_prefill()
-        plan.decode = self.select_decode({r.req_id for r in plan.prefill})
-        plan.released_slots, self._released_slots = self._released_slots, []
-        self._mark_planned(plan)
+        self.select_codec()
+        plan.codec = self._codec_rows.launch()
+        plan.prefill = self.select_prefill().launch()
+        plan.decode = self.select_decode()
+        plan.admits = self._admits
+        i32 = np.int32
+        plan.pages = PageUpdates(np.asarray(self._page_slot, dtype=i32), np.asarray(self._page_index, dtype=i32),
+                                 np.asarray(self._page_id, dtype=i32))
+        self._record_flight(plan)
         return plan
 
-    def _mark_planned(self, plan: StepPlan) -> None:
-        """The plan's rows will run: their KV counts as computed and their samples as pending."""
-        for row in plan.prefill + plan.decode:
-            req = self.requests[row.req_id]
-            req.num_computed = row.kv_len
-            req.stats.last_decode = self.now
-            if row.sample:
-                req.num_pending += 1
-        if not plan.is_empty:
-            self._in_flight[plan.step_id] = {r.req_id for r in plan.prefill + plan.decode}
-            self._codec_in_flight[plan.step_id] = {r.req_id for r in plan.codec}
+    def _record_flight(self, plan: StepPlan) -> None:
+        if plan.is_empty:
+            return
+        t = self.table
+        prefill, decode = plan.prefill.slot.astype(np.int64), plan.decode.slot.astype(np.int64)
+        self._flights[plan.step_id] = Flight(prefill_slots=prefill, prefill_occupancy=t.occupancy[prefill],
+                                             prefill_sample=plan.prefill.sample, decode_slots=decode,
+                                             decode_occupancy=t.occupancy[decode])
+        t.lm_step[prefill] = t.lm_step[decode] = plan.step_id
+        t.codec_step[plan.codec.slot] = plan.step_id
+
+    def _mark_row(self, req: Request, kv_len: int, sample: bool) -> None:
+        """req has an LM row in the plan: its KV up to kv_len counts as computed, its sample as pending."""
+        t, slot = self.table, req.slot
+        t.num_computed[slot] = kv_len
+        t.num_pending[slot] += int(sample)
+        t.last_decode[slot] = self.now
+        self._planned[slot] = True
 
     # ---- codec ---------------------------------------------------------------------------
-    def select_codec(self) -> list[CodecRow]:
+    def ready_requests(self) -> list[Request]:
+        """Running and draining requests with a ready chunk, in arrival order."""
+        t = self.table
+        slots = np.flatnonzero((t.state == SlotState.RUNNING) | (t.state == SlotState.DRAINING))
+        ready = [t.requests[s] for s in slots[t.ready(slots)]]
+        return sorted(ready, key=lambda r: r.stats.arrival)
+
+    def select_codec(self) -> None:
         """Base: every ready chunk, requests in arrival order."""
-        reqs = sorted(self.running + self.draining, key=lambda r: r.stats.arrival)
-        return self.take_chunks(reqs, "ready")
+        self.take_chunks(self.ready_requests(), "ready")
 
     def take_chunks(self, reqs: Iterable[Request], why: str | Callable[[Request], str],
-                    room: int | None = None) -> list[CodecRow]:
-        """Ready chunks of `reqs` in that order, at most `room` (default: the codec batch limit).
+                    room: int | None = None) -> int:
+        """Plan ready chunks of `reqs` in that order, at most `room` more (default: up to the codec batch
+        limit); returns how many were planned.
 
         A stateless codec may decode several chunks of one request in one batch (in order); a
         stateful one gets at most one per request, since each chunk advances the request's state.
         """
-        room = self.limits.max_codec_batch if room is None else room
-        rows: list[CodecRow] = []
+        rows = self._codec_rows
+        limit = self.limits.max_codec_batch if room is None else min(len(rows) + room, self.limits.max_codec_batch)
+        before = len(rows)
         for req in reqs:
-            if len(rows) >= room:
+            if len(rows) >= limit:
                 break
-            took = self._chunk_rows(req, room - len(rows))
-            if took:
+            if self._chunk_rows(req, limit - len(rows)):
                 self.reasons["codec"][req.req_id] = why if isinstance(why, str) else why(req)
-                rows.extend(took)
-        return rows
+        return len(rows) - before
+
+    @property
+    def num_planned_chunks(self) -> int:
+        return len(self._codec_rows)
 
     def has_ready_chunk(self, req: Request) -> bool:
         return self._window(req, req.next_chunk) is not None
 
     def _window(self, req: Request, index: int):  # noqa: ANN202
-        num_frames = len(req.codes) // self.geometry.codes_per_frame
+        num_frames = req.num_codes // self.geometry.codes_per_frame
         return self.geometry.chunk(index, num_frames, final=req.status is RequestStatus.DRAINING)
 
-    def _chunk_rows(self, req: Request, room: int) -> list[CodecRow]:
-        slot = 0
-        if self.slots is not None:
+    def _chunk_rows(self, req: Request, room: int) -> int:
+        if self.meta.stateful_codec:
             room = min(room, 1)
-            has_slot = self.slots.slot(req.req_id) is not None
-            if not self.has_ready_chunk(req) or not (has_slot or self.slots.can_acquire()):
-                return []
-            slot = self.slots.acquire(req.req_id)
-        rows: list[CodecRow] = []
-        while len(rows) < room and (window := self._window(req, req.next_chunk)) is not None:
-            req.next_chunk += 1
+        n = 0
+        while n < room and (window := self._window(req, req.next_chunk)) is not None:
+            self.table.set_next_chunk(req.slot, window.chunk_index + 1)
             is_last = req.status is RequestStatus.DRAINING and self._window(req, req.next_chunk) is None
-            rows.append(CodecRow(req.req_id, window.chunk_index, self.geometry.frames_of(req.codes, window),
-                                 window.num_frames, window.first_frame, req.sampling.seed, slot, is_last))
-        return rows
+            self._codec_rows.add(req, window, is_last)
+            n += 1
+        return n
 
     # ---- prefill and admission -----------------------------------------------------------
-    def select_prefill(self) -> list[LmRow]:
-        rows: list[LmRow] = []
+    def select_prefill(self) -> PrefillRows:
+        rows = PrefillRows(self.meta)
         budget = self.limits.max_prefill_tokens
-        for req in [r for r in self.running if self._todo(r) > 1 and not waits_for_text(r)]:
+        for req in self._continuing_prefills():
             if len(rows) >= self.limits.max_prefill_seqs or budget <= 0:
                 return rows
-            row = self._prefill_row(req, budget)
-            if row is not None:
-                rows.append(row)
-                budget -= row.num_tokens
+            if self._prefill_row(req, budget, rows):
+                budget = self.limits.max_prefill_tokens - rows.num_tokens
                 self.reasons["prefill"][req.req_id] = "continue"
         if not self.waiting or self.defer_admissions():
             return rows
@@ -211,24 +273,48 @@ class Scheduler:
                 continue  # preempted while its text ran dry: readmitted once the text arrives
             if len(rows) >= self.limits.max_prefill_seqs or budget <= 0 or not self.can_admit(req):
                 break
-            row = self._prefill_row(req, budget)
-            if row is None:
-                break  # not enough pages: wait for running requests to free some
-            self.waiting.remove(req)
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            rows.append(row)
-            budget -= row.num_tokens
+            if not self._admit(req, budget, rows):
+                break  # not enough pages or slots: wait for running requests to free some
+            budget = self.limits.max_prefill_tokens - rows.num_tokens
             self.reasons["prefill"][req.req_id] = self.admission_reason(req)
         return rows
+
+    def _continuing_prefills(self) -> list[Request]:
+        """Running requests with more than one position to compute (a chunked prompt), admission order."""
+        t = self.table
+        slots = self._running
+        todo = t.prompt_len[slots] + t.num_generated[slots] + t.num_pending[slots] - t.num_computed[slots]
+        slots = slots[(todo > 1) & ~self._text_waiting(slots)]
+        return list(t.requests[slots])
+
+    def _admit(self, req: Request, budget: int, rows: PrefillRows) -> bool:
+        fresh = req.slot is None
+        if fresh:
+            if not self.table.can_acquire():
+                self.notes.append(f"{req.req_id} waits for a free request slot")
+                return False
+            self.table.acquire(req)
+        if not self._prefill_row(req, budget, rows):
+            if fresh:
+                self.table.release(req)
+            return False
+        if fresh:
+            self._admits.append(slot_init(req))
+        else:
+            self.table.mark_admitted(req.slot)
+        self.waiting.remove(req)
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        return True
 
     def admission_order(self) -> list[Request]:
         """Base: first come, first served (preempted requests are back at the front)."""
         return list(self.waiting)
 
     def can_admit(self, req: Request) -> bool:
-        """Base: as many running requests as the decode batch holds."""
-        return len(self.running) < self.limits.max_batch
+        """Base: as many generating requests as the decode batch holds (requests waiting for streamed
+        text hold their pages and slot, but not a place in the batch)."""
+        return self.num_generating < self.limits.max_batch
 
     def admission_reason(self, req: Request) -> str:
         return "new" if req.num_generated == 0 else "readmit after preemption"
@@ -241,116 +327,159 @@ class Scheduler:
         """Positions whose KV is not written yet, counting tokens sampled in flight."""
         return req.total_len + req.num_pending - req.num_computed
 
-    def _prefill_row(self, req: Request, budget: int) -> LmRow | None:
+    def _prefill_row(self, req: Request, budget: int, rows: PrefillRows) -> bool:
         todo = self._todo(req)
         n = min(todo, budget)
         if n < todo and budget < self.limits.max_prefill_tokens:
-            return None  # chunk long prompts only when they have the step's whole budget
-        kv_len = req.num_computed + n
+            return False  # chunk long prompts only when they have the step's whole budget
+        start = req.num_computed
+        if not self._reserve(req, start + n):
+            return False
+        rows.add(req, start, n, sample=n == todo)
+        self._mark_row(req, start + n, sample=n == todo)
+        return True
+
+    def _reserve(self, req: Request, kv_len: int) -> bool:
+        """Grow req's KV pages to hold kv_len tokens, recording the page-table entries for the engine."""
         if not self.pool.can_reserve(req.req_id, kv_len):
-            return None
-        self.pool.reserve(req.req_id, kv_len)
-        return self._lm_row(req, n, sample=n == todo)
+            return False
+        have = self.pool.num_tokens_capacity(req.req_id) // self.pool.page_size
+        new = self.pool.reserve(req.req_id, kv_len)
+        slot = req.slot
+        self._page_slot.extend([slot] * len(new))
+        self._page_index.extend(range(have, have + len(new)))
+        self._page_id.extend(new)
+        self.table.capacity[slot] = (have + len(new)) * self.pool.page_size
+        return True
 
     # ---- decode --------------------------------------------------------------------------
-    def select_decode(self, exclude: set[str]) -> list[LmRow]:
-        rows: list[LmRow] = []
-        planned = set(exclude)
-        candidates = [r for r in self.running if r.req_id not in planned and self._decodable(r)]
-        for req in self.decode_order(candidates):
-            if len(rows) >= self.limits.max_batch:
-                break
-            if req not in self.running:
-                continue  # preempted to make room for an earlier row
-            if self._ensure_pages(req, planned):
-                rows.append(self._lm_row(req, 1, sample=True))
-                planned.add(req.req_id)
-                self.reasons["decode"].setdefault(req.req_id, "running")
-        return rows
+    def decode_candidates(self) -> np.ndarray:
+        """Slots of running requests with one token to decode and room for it, admission order."""
+        t = self.table
+        slots = self._running
+        slots = slots[t.state[slots] == SlotState.RUNNING]  # not preempted for a prefill of this plan
+        generated = t.num_generated[slots] + t.num_pending[slots]
+        todo = t.prompt_len[slots] + generated - t.num_computed[slots]
+        ok = ((todo == 1) & (generated < t.max_tokens[slots])
+              & (t.prompt_len[slots] + generated < self.limits.max_model_len)
+              & ~self._text_waiting(slots) & ~self._planned[slots])
+        return slots[ok]
+
+    def select_decode(self) -> LmLaunch:
+        candidates = self.decode_candidates()
+        if type(self).decode_order is not Scheduler.decode_order:
+            order = self.decode_order(list(self.table.requests[candidates]))
+            candidates = np.asarray([r.slot for r in order], dtype=np.int64)
+        slots = self._with_pages(candidates)
+        t = self.table
+        starts = t.num_computed[slots].copy()
+        t.num_computed[slots] += 1
+        t.num_pending[slots] += 1
+        t.last_decode[slots] = self.now
+        self._planned[slots] = True
+        return decode_launch(self.meta, t, slots, starts)
 
     def decode_order(self, candidates: list[Request]) -> list[Request]:
         """Who decodes first when the batch is full (base: admission order)."""
         return candidates
 
-    def _decodable(self, req: Request) -> bool:
-        """One token to decode, and room for it (a token in flight may be the request's last)."""
-        generated = req.num_generated + req.num_pending
-        return (self._todo(req) == 1 and generated < req.sampling.max_tokens and not waits_for_text(req)
-                and req.total_len + req.num_pending < self.limits.max_model_len)
+    def _with_pages(self, candidates: np.ndarray) -> np.ndarray:
+        """The first max_batch candidates that have (or get) a KV page for their next token.
 
-    def _ensure_pages(self, req: Request, planned: set[str]) -> bool:
-        """Reserve pages for req's next token, preempting the newest unprotected requests first.
-
-        Requests already in this step's plan or in a step in flight are never preempted (those
-        steps write their pages). Returns False when req itself was preempted or must wait.
+        Rows needing a page reserve it in order; when none is free the newest running request not
+        protected (rows planned before it, steps in flight) is preempted, which may be the row itself
+        or a later candidate.
         """
-        kv_len = req.num_computed + 1
-        while not self.pool.can_reserve(req.req_id, kv_len):
-            protected = planned | self._flying_ids()
-            victim = next((r for r in reversed(self.running) if r.req_id not in protected), None)
+        t, chosen = self.table, []
+        room, rest = self.limits.max_batch, candidates
+        while room > 0 and len(rest):
+            block, rest = rest[:room], rest[room:]
+            needs = np.flatnonzero(t.num_computed[block] + 1 > t.capacity[block])
+            self._planned[block] = True  # protected from preemption, unless a page is found missing below
+            for i in needs:
+                self._planned[block[i]] = False
+                self._planned[block[i]] = self._page_for(t.requests[block[i]], block[i + 1:])
+            ok = self._planned[block] & (t.state[block] == SlotState.RUNNING)
+            self._planned[block] = ok
+            block = block[ok]
+            chosen.append(block)
+            room -= len(block)
+        return np.concatenate(chosen) if chosen else _EMPTY
+
+    def _page_for(self, req: Request, later: np.ndarray) -> bool:
+        """Reserve req's next page, preempting if needed; False when the row must wait a step. Rows
+        after it in the block (`later`) are not protected yet."""
+        t = self.table
+        if t.state[req.slot] != SlotState.RUNNING:
+            return False  # preempted for an earlier row
+        while not self._reserve(req, req.num_computed + 1):
+            self._planned[later] = False
+            victim = next((r for r in reversed(self.running)
+                           if not self._planned[r.slot] and not self.lm_in_flight(r.slot)), None)
+            self._planned[later] = True
             if victim is None:
                 self.notes.append(f"{req.req_id} waits a step for a KV page")
                 return False
             self._preempt(victim)
             if victim is req:
                 return False
-        self.pool.reserve(req.req_id, kv_len)
         return True
 
-    def _flying_ids(self) -> set[str]:
-        return set().union(*self._in_flight.values()) if self._in_flight else set()
+    def lm_in_flight(self, slot: int) -> bool:
+        """Whether a step still on the device has an LM row of the slot's request."""
+        return int(self.table.lm_step[slot]) in self._flights
 
     def _preempt(self, req: Request) -> None:
         self.pool.free(req.req_id)
-        req.num_computed = 0
+        t = self.table
+        t.num_computed[req.slot] = 0
+        t.capacity[req.slot] = 0
+        t.state[req.slot] = SlotState.WAITING
         req.status = RequestStatus.WAITING
         self.running.remove(req)
         self.waiting.appendleft(req)
         self.notes.append(f"preempted {req.req_id}: out of KV pages")
 
-    def _lm_row(self, req: Request, n: int, sample: bool) -> LmRow:
-        s = req.sampling
-        start = req.num_computed
-        known = min(start + n, req.total_len)
-        pending = start + n > req.total_len  # the last input is the token sampled in flight
-        width = self.meta.input_columns
-        input_ids = [_widen(req.input_row(p), width) for p in range(start, known)]
-        if pending:
-            input_ids.append([ABSENT_ID] * width)
-        add_text(self.meta, req, start, input_ids)
-        return LmRow(
-            req_id=req.req_id, input_ids=input_ids,
-            start_pos=start, pages=self.pool.pages(req.req_id), sample=sample,
-            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
-            repetition_penalty=s.repetition_penalty,
-            history=req.history(s.repetition_window) if s.repetition_penalty != 1.0 else [],  # 1.0: no effect
-            gen_index=req.num_generated + req.num_pending, num_codes=len(req.codes),
-            allow_stop=not s.ignore_eos, seed=s.seed, pending_input=pending,
-            embeds=[(p - start, vec) for p, vec in req.prompt_embeds.items() if start <= p < known],
-        )
-
     # ---- results -------------------------------------------------------------------------
     def update(self, plan: StepPlan, result: StepResult) -> None:
         now = self.clock()
-        self._in_flight.pop(plan.step_id, None)
-        self._codec_in_flight.pop(plan.step_id, None)
-        for row in plan.prefill + plan.decode:
-            req = self.requests.get(row.req_id)
-            if req is not None and row.sample:
-                req.num_pending -= 1
-        for out in result.prefill + result.decode:
-            req = self.requests.get(out.req_id)
-            if req is not None and req.status is RequestStatus.RUNNING:
-                self._on_token(req, out, now)
-        for chunk in result.codec:
-            req = self.requests.get(chunk.req_id)
-            if req is not None:
-                self._on_audio(req, chunk.pcm, now)
-        decoding = set().union(*self._codec_in_flight.values())  # chunks still on the device
-        for req in list(self.draining):
-            if req.req_id not in decoding and self._next_codec_done(req):
-                self._end(req, RequestStatus.FINISHED, req.finish_reason)
+        flight = self._flights.pop(plan.step_id, None)
+        if flight is not None:
+            self._apply(flight.prefill_slots, flight.prefill_occupancy, flight.prefill_sample, result.prefill_kind, now)
+            decode_sample = np.ones(len(flight.decode_slots), dtype=np.bool_)
+            self._apply(flight.decode_slots, flight.decode_occupancy, decode_sample, result.decode_kind, now)
+        if plan.codec:
+            for req_id, pcm in zip(plan.codec.req_ids, result.pcm, strict=True):
+                req = self.requests.get(req_id)
+                if req is not None:
+                    self._on_audio(req, pcm, now)
+        self._retire_drained()
         self._free_landed_pages()
+
+    def _apply(self, slots: np.ndarray, occupancy: np.ndarray, sample: np.ndarray, kinds: np.ndarray,
+               now: float) -> None:
+        """Apply one launch's out kinds to the rows whose request still holds the slot."""
+        if not len(slots):
+            return
+        t = self.table
+        live = (t.occupancy[slots] == occupancy) & sample
+        slots, kinds = slots[live], kinds[live]
+        t.num_pending[slots] -= 1
+        running = t.state[slots] == SlotState.RUNNING
+        slots, kinds = slots[running], kinds[running]
+        for slot in slots[t.num_generated[slots] == 0]:
+            stats = t.requests[slot].stats
+            stats.first_token = stats.first_token or now
+        stop = kinds == OutKind.STOP
+        grown = slots[~stop]
+        t.num_generated[grown] += 1
+        t.num_codes[slots[kinds == OutKind.AUDIO]] += self.meta.codes_per_step
+        total = t.prompt_len[grown] + t.num_generated[grown]
+        full = grown[(t.num_generated[grown] >= t.max_tokens[grown]) | (total >= self.limits.max_model_len)]
+        for slot in slots[stop]:
+            self._finish_generation(t.requests[slot], "stop")
+        for slot in full:
+            self._finish_generation(t.requests[slot], "length")
 
     def _on_audio(self, req: Request, pcm: bytes, now: float) -> None:
         if req.stats.first_audio is None:
@@ -361,44 +490,36 @@ class Scheduler:
         if req.sink is not None:
             req.sink(req, pcm, False)
 
-    def _on_token(self, req: Request, out: LmOut, now: float) -> None:
-        if req.stats.first_token is None:
-            req.stats.first_token = now
-        if out.kind == OutKind.STOP:
-            self._finish_generation(req, "stop")
-            return
-        req.tokens.append(out.tokens)
-        if out.kind == OutKind.AUDIO:
-            req.codes.extend(out.codes)
-        if req.num_generated >= req.sampling.max_tokens or req.total_len >= self.limits.max_model_len:
-            self._finish_generation(req, "length")
-
     def _finish_generation(self, req: Request, reason: str) -> None:
         req.finish_reason = reason
         req.status = RequestStatus.DRAINING
+        self.table.state[req.slot] = SlotState.DRAINING
         self._free_pages(req)
         self.running.remove(req)
         self.draining.append(req)
 
-    def _next_codec_done(self, req: Request) -> bool:
-        num_frames = len(req.codes) // self.geometry.codes_per_frame
-        return self.geometry.chunk(req.next_chunk, num_frames, final=True) is None
+    def _retire_drained(self) -> None:
+        """Draining requests with no chunk left, and none on the device, are finished."""
+        t = self.table
+        slots = np.flatnonzero(t.state == SlotState.DRAINING)
+        done = slots[~t.ready(slots) & ~np.isin(t.codec_step[slots], list(self._flights))]  # none left or on the device
+        for req in t.requests[done]:
+            self._end(req, RequestStatus.FINISHED, req.finish_reason)
 
     def fail(self, plan: StepPlan, error: str) -> None:
         """A step raised: fail exactly the requests it carried; the others go on."""
-        self._in_flight.pop(plan.step_id, None)
-        self._codec_in_flight.pop(plan.step_id, None)
-        for row in plan.prefill + plan.decode + plan.codec:
-            req = self.requests.get(row.req_id)
+        self._flights.pop(plan.step_id, None)
+        for req_id in [*plan.prefill.req_ids, *plan.decode.req_ids, *plan.codec.req_ids]:
+            req = self.requests.get(req_id)
             if req is not None:
                 self._end(req, RequestStatus.FAILED, "error", error)
         self._free_landed_pages()
 
     def _end(self, req: Request, status: RequestStatus, reason: str | None, error: str | None = None) -> None:
+        if req.slot is not None and self.on_release is not None:
+            self.on_release(req)
         self._free_pages(req)
-        if self.slots is not None and (slot := self.slots.slot(req.req_id)) is not None:
-            self.slots.release(req.req_id)
-            self._released_slots.append(slot)
+        self.table.release(req)
         for queue in (self.running, self.draining):
             if req in queue:
                 queue.remove(req)
@@ -411,19 +532,12 @@ class Scheduler:
             req.sink(req, None, True)
 
     def _free_pages(self, req: Request) -> None:
-        if req.req_id in self._flying_ids():
-            self._free_later.add(req.req_id)
+        if req.slot is not None and self.lm_in_flight(req.slot):
+            self._free_later[req.req_id] = int(self.table.lm_step[req.slot])
         else:
             self.pool.free(req.req_id)
 
     def _free_landed_pages(self) -> None:
-        if self._free_later:
-            flying = self._flying_ids()
-            for req_id in [r for r in self._free_later if r not in flying]:
-                self.pool.free(req_id)
-                self._free_later.discard(req_id)
-
-
-def _widen(row: list[int], width: int) -> list[int]:
-    """A generated row (codes_per_step ids) padded to the input width (models with a text column)."""
-    return row if len(row) == width else row + [ABSENT_ID] * (width - len(row))
+        for req_id in [r for r, step in self._free_later.items() if step not in self._flights]:
+            self.pool.free(req_id)
+            del self._free_later[req_id]

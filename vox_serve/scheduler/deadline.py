@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from vox_serve.config import SchedulerConfig
 from vox_serve.core.meta import EngineLimits, ProgramMeta
-from vox_serve.core.plan import CodecRow, StepPlan
+from vox_serve.core.plan import StepPlan
 from vox_serve.core.request import Request, RequestStatus
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.scheduler.playback import PLAYBACK_MARGIN_S, playback_deadline
@@ -106,7 +106,7 @@ class DeadlineScheduler(Scheduler):
         if self.has_ready_chunk(req) or req.status is RequestStatus.DRAINING:
             return self.codec_s
         window = self.geometry.chunk(req.next_chunk, math.inf, final=False)
-        codes = window.window_end * self.geometry.codes_per_frame - len(req.codes)
+        codes = window.window_end * self.geometry.codes_per_frame - req.num_codes
         steps = math.ceil(max(codes, 0) / self.meta.codes_per_step)
         share = min(1.0, self.limits.max_batch / max(len(self.running), 1))
         return steps * self.step_period() / share + self.codec_s
@@ -115,7 +115,7 @@ class DeadlineScheduler(Scheduler):
         """Estimated time from admitting a waiting request to its next chunk: a prefill (of the
         prompt, or of the whole sequence after a preemption), then the decode steps to the chunk."""
         window = self.geometry.chunk(req.next_chunk, math.inf, final=False)
-        codes = window.window_end * self.geometry.codes_per_frame - len(req.codes)
+        codes = window.window_end * self.geometry.codes_per_frame - req.num_codes
         steps = max(math.ceil(max(codes, 0) / self.meta.codes_per_step) - 1, 0)  # the prefill samples one
         share = min(1.0, self.limits.max_batch / (len(self.running) + 1))
         return self.prefill_s + steps * self.step_period() / share + self.codec_s
@@ -141,14 +141,14 @@ class DeadlineScheduler(Scheduler):
             return req.status is RequestStatus.DRAINING
         return req.stats.first_audio is None or self.deadline(req) - self.now <= PLAYBACK_MARGIN_S
 
-    def select_codec(self) -> list[CodecRow]:
-        ready = [r for r in self.running + self.draining if self.has_ready_chunk(r)]
+    def select_codec(self) -> None:
+        ready = self.ready_requests()
         if not any(self.chunk_due(r) for r in ready):
             if ready:
                 self.notes.append(f"codec held: {len(ready)} requests have ready chunks, none due")
-            return []
+            return
         order = sorted(ready, key=lambda r: (not self.chunk_due(r), self.deadline(r), r.stats.arrival))
-        return self.take_chunks(order, lambda r: "due" if self.chunk_due(r) else "joins a due batch")
+        self.take_chunks(order, lambda r: "due" if self.chunk_due(r) else "joins a due batch")
 
     # ---- admission -----------------------------------------------------------------------
     def admission_order(self) -> list[Request]:
@@ -180,7 +180,7 @@ class DeadlineScheduler(Scheduler):
             self.notes.append(f"{req.req_id} admitted after {deferred * 1000:.0f} ms deferred, {why} "
                               f"({len(self._at_risk)} streams at risk, least slack {worst:.0f} ms)")
         self._deferred_since.pop(req.req_id, None)
-        if len(self.running) < self.limits.max_batch:
+        if self.num_generating < self.limits.max_batch:
             return True
         if self._at_risk or len(self.running) + 1 > self.realtime_capacity():
             return False  # the batch is full and has no slack to lend: wait, as in base
@@ -190,8 +190,8 @@ class DeadlineScheduler(Scheduler):
     # ---- decode --------------------------------------------------------------------------
     def decode_order(self, candidates: list[Request]) -> list[Request]:
         def key(req: Request) -> tuple:
-            last = req.stats.last_decode
-            if last is not None and self.now - last >= self.max_deferral_s:
+            last = self.table.last_decode[req.slot]  # NaN before its first row: never "waited too long"
+            if self.now - last >= self.max_deferral_s:
                 return (0, last, req.stats.arrival)  # waited too long: first, whatever its deadline
             return (1, self.deadline(req), req.stats.arrival)
 
@@ -202,8 +202,7 @@ class DeadlineScheduler(Scheduler):
         return order
 
     def next_wakeup(self) -> float | None:
-        times = [self.deadline(r) - PLAYBACK_MARGIN_S for r in self.running + self.draining
-                 if r.streaming and self.has_ready_chunk(r)]
+        times = [self.deadline(r) - PLAYBACK_MARGIN_S for r in self.ready_requests() if r.streaming]
         times += [since + self.max_deferral_s for since in self._deferred_since.values()]
         times += [self.now + self.first_audio_slack(r) - self.prefill_s for r in self.waiting
                   if r.streaming and r.req_id in self._deferred_since]

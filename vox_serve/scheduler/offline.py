@@ -6,19 +6,17 @@ for streamed text are not generating: while only they are admitted, audio is dec
 
 from __future__ import annotations
 
-from vox_serve.core.plan import CodecRow
 from vox_serve.scheduler.base import Scheduler
-from vox_serve.scheduler.text_input import waits_for_text
 
 
 class OfflineScheduler(Scheduler):
     name = "offline"
 
-    def select_codec(self) -> list[CodecRow]:
-        generating = [r for r in self.running if not waits_for_text(r)]
+    def select_codec(self) -> None:
+        generating = self.num_generating
+        ready = self.ready_requests()
         if generating:
-            if any(self.has_ready_chunk(r) for r in self.running + self.draining):
-                self.notes.append(f"codec held: {len(generating)} requests generating tokens")
-            return []
-        idle = [r for r in self.running if self.has_ready_chunk(r)] + self.draining
-        return self.take_chunks(sorted(idle, key=lambda r: r.stats.arrival), "LM idle")
+            if ready:
+                self.notes.append(f"codec held: {generating} requests generating tokens")
+            return
+        self.take_chunks(ready, "LM idle")

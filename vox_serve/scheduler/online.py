@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 
-from vox_serve.core.plan import CodecRow
 from vox_serve.core.request import Request, RequestStatus
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.scheduler.playback import PLAYBACK_MARGIN_S, last_chunk_play_start
@@ -31,17 +30,15 @@ class OnlineScheduler(Scheduler):
         since = self.pressing_from(req)
         return since is not None and since <= self.now
 
-    def select_codec(self) -> list[CodecRow]:
-        ready = [r for r in sorted(self.running + self.draining, key=lambda r: r.stats.arrival)
-                 if self.has_ready_chunk(r)]
+    def select_codec(self) -> None:
+        ready = self.ready_requests()
         pressing = sorted((r for r in ready if self.is_pressing(r)), key=self.pressing_from)
         if not pressing:
             if ready:
                 self.notes.append(f"codec held: {len(ready)} requests have ready chunks, none pressing")
-            return []
-        rows = self.take_chunks(pressing, "pressing")
-        joiners = [r for r in ready if not self.is_pressing(r)]
-        return rows + self.take_chunks(joiners, "joins a pressing batch", self.limits.max_codec_batch - len(rows))
+            return
+        self.take_chunks(pressing, "pressing")
+        self.take_chunks([r for r in ready if not self.is_pressing(r)], "joins a pressing batch")
 
     def decode_order(self, candidates: list[Request]) -> list[Request]:
         pressing = [r for r in candidates if self.is_pressing(r)]
@@ -50,6 +47,5 @@ class OnlineScheduler(Scheduler):
         return pressing + [r for r in candidates if not self.is_pressing(r)]
 
     def next_wakeup(self) -> float | None:
-        times = [t for r in self.running + self.draining
-                 if self.has_ready_chunk(r) and (t := self.pressing_from(r)) is not None and t > self.now]
+        times = [t for r in self.ready_requests() if (t := self.pressing_from(r)) is not None and t > self.now]
         return min(times, default=None)

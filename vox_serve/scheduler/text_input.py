@@ -5,13 +5,15 @@ for Qwen3-TTS): the input row of generated row k carries `req.text_feed.ids[k]` 
 (absent once the ids, which end with the model's end-of-text id, are used up). Before the input row
 of a generated row can be computed, its text id must have arrived, or the text must have ended.
 A request whose next row lacks its text waits for it: it is neither decoded nor (after a
-preemption) re-prefilled, keeps its KV pages and codec slot, and its ready audio chunks are
-decoded as usual. Other requests are not held up.
+preemption) re-prefilled, keeps its KV pages and slot, and its ready audio chunks are decoded as
+usual. Other requests are not held up. The slot table's `text_limit` mirrors how many generated rows
+can be fed, so the decode batch is chosen without looking at each request.
 """
 
 from __future__ import annotations
 
-from vox_serve.core.meta import ProgramMeta
+import numpy as np
+
 from vox_serve.core.plan import ABSENT_ID
 from vox_serve.core.request import Request, RequestStatus
 
@@ -29,17 +31,16 @@ def waits_for_text(req: Request) -> bool:
     return generating and not has_input(req, req.total_len + req.num_pending - 1)
 
 
-def add_text(meta: ProgramMeta, req: Request, start: int, rows: list[list[int]]) -> None:
-    """Write the streamed text id of every generated position among `rows` (positions `start`, ...)
-    into its text column. Rows are replaced, not edited: a generated row may be `req.tokens[k]`."""
-    column, feed = meta.streamed_text_column, req.text_feed
-    if column is None or feed is None:
-        return
-    for i, row in enumerate(rows):
-        k = start + i - req.prompt_len  # generated row k
-        if k >= 0:
-            text = feed.ids[k] if k < len(feed.ids) else ABSENT_ID
-            rows[i] = row[:column] + [text] + row[column + 1:]
+def text_ids(req: Request, first_row: int, num_rows: int) -> np.ndarray:
+    """[num_rows] the streamed text ids of generated rows first_row.. (ABSENT_ID where none: before
+    generation, past the end of the text)."""
+    out = np.full(num_rows, ABSENT_ID, dtype=np.int32)
+    ids = req.text_feed.ids if req.text_feed is not None else ()
+    for i in range(num_rows):
+        k = first_row + i
+        if 0 <= k < len(ids):
+            out[i] = ids[k]
+    return out
 
 
 def extend(req: Request, ids: list[int], ended: bool) -> None:
@@ -50,3 +51,5 @@ def extend(req: Request, ids: list[int], ended: bool) -> None:
         raise ValueError(f"request {req.req_id}: text after its end")
     req.text_feed.ids.extend(ids)
     req.text_feed.ended = req.text_feed.ended or ended
+    if req.table is not None and req.slot is not None:
+        req.table.text_limit[req.slot] = req.text_feed.limit

@@ -69,14 +69,14 @@ class CostModel:
         if plan.codec:
             out["codec"] = self.codec_ms(len(plan.codec)) / 1000
         if plan.prefill:
-            out["prefill"] = self.prefill_ms(sum(r.num_tokens for r in plan.prefill)) / 1000
+            out["prefill"] = self.prefill_ms(plan.prefill.total_tokens) / 1000
         if plan.decode:
-            kv = sum(r.kv_len for r in plan.decode)
+            kv = int(plan.decode.kv_len.sum())
             out["decode"] = (self.decode_ms(len(plan.decode)) + self.decode_kv_ms_per_1k * kv / 1000) / 1000
         return out
 
     def host_seconds(self, plan: StepPlan) -> float:
-        rows = len(plan.codec) + len(plan.prefill) + len(plan.decode)
+        rows = len(plan.codec or ()) + plan.num_lm_rows
         return (self.host_ms_per_step + self.host_ms_per_row * rows) / 1000
 
     def deadline_estimates(self, limits: EngineLimits) -> dict[str, float]:
@@ -100,10 +100,8 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
-        meta = dict(data["meta"])
-        for key in ("accepted_fields", "voices", "languages"):
-            meta[key] = tuple(meta.get(key, ()))
-        return cls(data.get("name", meta["name"]), ProgramMeta(**meta), CostModel.from_dict(data["costs"]), data)
+        meta = ProgramMeta.from_dict(data["meta"])
+        return cls(data.get("name", meta.name), meta, CostModel.from_dict(data["costs"]), data)
 
     def with_meta(self, **changes: Any) -> Profile:
         """The same profile with some meta fields changed (e.g. a stateful codec)."""

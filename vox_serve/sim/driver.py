@@ -17,7 +17,7 @@ from typing import Any
 
 from vox_serve.config import SchedulerConfig
 from vox_serve.core.meta import EngineLimits, ProgramMeta
-from vox_serve.core.request import Request, SamplingParams, TextFeed
+from vox_serve.core.request import Prompt, Request, SamplingParams, TextFeed
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.metrics import RequestTrace, Summary, summarize
 from vox_serve.scheduler.base import QueueFull, Scheduler
@@ -81,13 +81,14 @@ class Simulation:
     """One policy, one workload: build with `Simulation(...)`, run with `run()`."""
 
     def __init__(self, profile: Profile, config: SchedulerConfig, limits: EngineLimits, arrivals: list[Arrival],
-                 trace_dir: str | None = None, on_step: StepHook | None = None, check_pages: bool = True) -> None:
+                 trace_dir: str | None = None, on_step: StepHook | None = None, check_pages: bool = True,
+                 record: bool = False) -> None:
         self.profile, self.meta = profile, profile.meta
         self.clock = VirtualClock()
         self.scheduler = make_scheduler(self.meta, limits, dataclasses.replace(config, trace_dir=None), self.clock)
         self.worker = SimWorker(self.meta, limits, profile.costs, self.clock, check_pages=check_pages)
         tracer = Tracer(trace_dir, timer="sim") if trace_dir else None
-        self.loop = EngineLoop(self.scheduler, self.worker, tracer=tracer)
+        self.loop = EngineLoop(self.scheduler, self.worker, tracer=tracer, record=record)
         self.arrivals = deque(sorted(arrivals, key=lambda a: a.t))
         self.texts: list[tuple[float, str, int, bool]] = []  # pending text: (time, req_id, ids, ends)
         self.traces: dict[str, RequestTrace] = {}
@@ -127,7 +128,8 @@ class Simulation:
         tokens = -(-a.num_frames * cpf // cps)
         sampling = SamplingParams(temperature=0.0, repetition_penalty=1.0, ignore_eos=a.ignore_eos,
                                   max_tokens=a.max_tokens or tokens + cpf, seed=len(self.traces))
-        req = Request(a.req_id, [[1] * self.meta.input_columns] * a.prompt_len, sampling, streaming=a.streaming)
+        prompt = Prompt.of([[1] * self.meta.input_columns] * a.prompt_len)
+        req = Request(a.req_id, prompt, sampling, streaming=a.streaming)
         if a.text_end is not None:
             req.text_feed = TextFeed()
             self.texts += [(t, a.req_id, n, False) for t, n in a.text_pieces] + [(a.text_end, a.req_id, 0, True)]

@@ -13,12 +13,13 @@ from typing import Any
 import torch
 
 from vox_serve.codecs.snac import SnacDecoder, orpheus_frames_to_codes
-from vox_serve.core.meta import ProgramMeta
-from vox_serve.core.request import OutKind
+from vox_serve.core.meta import ProgramMeta, StopRule
+from vox_serve.core.request import OutKind, Prompt
 from vox_serve.layers.llama import LlamaConfig, LlamaForCausalLM
 from vox_serve.rt import kernels
-from vox_serve.rt.arena import Arena
-from vox_serve.rt.program import Program, attention_buffers
+from vox_serve.rt.codec_window import CodecWindow
+from vox_serve.rt.lm_batch import LmBatch, LmSample
+from vox_serve.rt.program import Program
 
 AUDIO_START = 128266
 CODES_PER_SLOT = 4096
@@ -40,7 +41,7 @@ def orpheus_meta(name: str, max_model_len: int, constrain_audio: bool) -> Progra
         codes_per_frame=SLOTS_PER_FRAME, samples_per_frame=2048, frames_per_chunk=1,
         codec_lookback_frames=1, codec_lookahead_frames=2, skip_leading_frames=1,
         max_model_len=max_model_len, max_text_chars=2000,
-        stop_rule=f"token {STOP_ID} at a frame boundary",
+        stop_rule=StopRule(token=STOP_ID, at_frame_boundary=True),
         default_sampling=dict(DEFAULT_SAMPLING), accepted_fields=ACCEPTED_FIELDS,
         voices=VOICES, default_voice="tara", extra={"constrain_audio": constrain_audio},
     )
@@ -62,59 +63,36 @@ class OrpheusProgram(Program):
         return c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim
 
     # ---- prompts -------------------------------------------------------------------------
-    def preprocess(self, fields: dict[str, Any]) -> list[list[int]]:
+    def preprocess(self, fields: dict[str, Any]) -> Prompt:
         text = fields["text"]
         voice = fields.get("voice") or self.meta.default_voice
         if voice not in self.meta.voices:
             raise ValueError(f"voice {voice!r} is not one of {', '.join(self.meta.voices)}")
         ids = self.tokenizer.encode(f"{voice}: {text}").ids
-        return [[t] for t in PROMPT_START + list(ids) + PROMPT_END]
+        return Prompt.of([[t] for t in PROMPT_START + list(ids) + PROMPT_END])
 
-    # ---- LM stages -----------------------------------------------------------------------
-    def _run_lm(self, arena_in: Arena, arena_out: Arena, num_tokens: int, num_seqs: int) -> None:
-        bufs = attention_buffers(arena_in)
-        hidden = self.lm(arena_in["input_ids"][:num_tokens, 0], arena_in["positions"][:num_tokens],
-                         self.attention, bufs)
-        last = hidden[arena_in["logits_index"][:num_seqs]]
-        self._sample_and_classify(last, arena_in, arena_out, num_seqs)
-
-    def prefill(self, num_tokens: int, num_seqs: int) -> None:
-        self._run_lm(self.arenas["prefill_in"], self.arenas["prefill_out"], num_tokens, num_seqs)
-
-    def decode(self, batch: int) -> None:
-        self._run_lm(self.arenas["decode_in"], self.arenas["decode_out"], batch, batch)
-
-    def _sampling(self, a: Arena, n: int) -> kernels.SamplingTensors:
-        return kernels.SamplingTensors(
-            temperature=a["temperature"][:n], top_k=a["top_k"][:n], top_p=a["top_p"][:n],
-            min_p=a["min_p"][:n], repetition_penalty=a["repetition_penalty"][:n],
-            seed=a["seed"][:n], offset=a["gen_index"][:n],
-        )
-
-    def _sample_and_classify(self, hidden: torch.Tensor, a: Arena, out: Arena, n: int) -> None:
-        """hidden [n, H] -> out.tokens/codes [n, 1], out.out_kind [n]."""
-        slot = a["num_codes"][:n] % SLOTS_PER_FRAME
-        if self.constrain_audio:
-            token = self._sample_constrained(hidden, a, n, slot)
-        else:
-            token = self._sample_full(hidden, a, n)
-        base = AUDIO_START + CODES_PER_SLOT * slot
-        code = token - base
+    # ---- LM stage ------------------------------------------------------------------------
+    def lm_step(self, b: LmBatch) -> LmSample:
+        """One launch: the LM over its tokens, then for each row the next token, its code and kind."""
+        hidden = self.lm(b.ids[:, 0], b.positions, self.attention, b.attention)
+        last = hidden[b.logits_index]
+        slot = b.num_codes % SLOTS_PER_FRAME  # the token's place in its frame
+        token = self._sample_constrained(last, b, slot) if self.constrain_audio else self._sample_full(last, b)
+        code = token - (AUDIO_START + CODES_PER_SLOT * slot)
         is_audio = (code >= 0) & (code < CODES_PER_SLOT)
         kind = torch.where(token == STOP_ID, int(OutKind.STOP),
                            torch.where(is_audio, int(OutKind.AUDIO), int(OutKind.OTHER)))
-        out["tokens"][:n, 0] = token
-        out["codes"][:n, 0] = torch.where(is_audio, code, 0)
-        out["out_kind"][:n] = kind.to(torch.int32)
+        return LmSample(tokens=token[:, None], codes=torch.where(is_audio, code, 0)[:, None], kind=kind)
 
-    def _sample_full(self, hidden: torch.Tensor, a: Arena, n: int) -> torch.Tensor:
+    def _sample_full(self, hidden: torch.Tensor, b: LmBatch) -> torch.Tensor:
         logits = self.lm.logits(hidden)
         allowed = torch.ones_like(logits, dtype=torch.bool)
-        allowed[:, STOP_ID] = a["allow_stop"][:n]
-        return kernels.sample(logits, self._sampling(a, n), a["history"][:n], allowed)
+        allowed[:, STOP_ID] = b.allow_stop
+        return kernels.sample(logits, b.sampling, b.history, allowed)
 
-    def _sample_constrained(self, hidden: torch.Tensor, a: Arena, n: int, slot: torch.Tensor) -> torch.Tensor:
+    def _sample_constrained(self, hidden: torch.Tensor, b: LmBatch, slot: torch.Tensor) -> torch.Tensor:
         """Logits over [the row's slot's 4096 ids, stop]: candidate c < 4096 is id base + c."""
+        n = hidden.shape[0]
         w = self.lm.lm_head.weight
         audio_w = w[AUDIO_START : AUDIO_START + SLOTS_PER_FRAME * CODES_PER_SLOT]
         audio = (hidden @ audio_w.t()).float().view(n, SLOTS_PER_FRAME, CODES_PER_SLOT)
@@ -122,27 +100,23 @@ class OrpheusProgram(Program):
         stop = (hidden @ w[STOP_ID]).float().unsqueeze(1)
         logits = torch.cat([audio, stop], dim=1)
         base = (AUDIO_START + CODES_PER_SLOT * slot).unsqueeze(1)
-        hist = a["history"][:n]
+        hist = b.history
         local = hist - base
         in_slot = (hist >= 0) & (local >= 0) & (local < CODES_PER_SLOT)
         local = torch.where(hist == STOP_ID, CODES_PER_SLOT, torch.where(in_slot, local, -1))
         allowed = torch.ones_like(logits, dtype=torch.bool)
-        allowed[:, CODES_PER_SLOT] = a["allow_stop"][:n] & (slot == 0)
-        cand = kernels.sample(logits, self._sampling(a, n), local, allowed)
+        allowed[:, CODES_PER_SLOT] = b.allow_stop & (slot == 0)
+        cand = kernels.sample(logits, b.sampling, local, allowed)
         return torch.where(cand == CODES_PER_SLOT, STOP_ID, base.squeeze(1) + cand)
 
     # ---- codec ---------------------------------------------------------------------------
-    def codec(self, batch: int, first: bool = False) -> None:
-        a, out = self.codec_arenas(first)
-        frames = a["codes"][:batch].clamp(0, CODES_PER_SLOT - 1)
-        seed = a["seed"][:batch] if self.codec_noise else None
-        audio = self.snac.decode(orpheus_frames_to_codes(frames), noise_seed=seed,
-                                 frame_offset=a["first_frame"][:batch])
+    def decode_audio(self, window: CodecWindow, frames: int) -> torch.Tensor:
+        seed = window.seed if self.codec_noise else None
+        audio = self.snac.decode(orpheus_frames_to_codes(window.codes.clamp(0, CODES_PER_SLOT - 1)), noise_seed=seed,
+                                 frame_offset=window.first_frame)
         spf = self.meta.samples_per_frame
         start = self.meta.codec_lookback_frames * spf
-        keep = out["pcm"].shape[1]
-        pcm = audio[:, 0, start : start + keep].float().clamp(-1.0, 1.0) * 32767.0
-        out["pcm"][:batch] = pcm.round().to(torch.int16)
+        return audio[:, 0, start : start + frames * spf]
 
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for m in (self.lm, self.snac) for p in m.parameters())

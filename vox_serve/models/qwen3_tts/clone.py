@@ -22,7 +22,7 @@ import torch
 
 from vox_serve.audio_input import decode_audio, resample
 from vox_serve.codecs.qwen3.encoder import CodecEncoderConfig, Qwen3CodecEncoder
-from vox_serve.core.request import EmbeddedPrompt
+from vox_serve.core.request import Prompt
 from vox_serve.models.checkpoint import CheckpointError, init_random
 from vox_serve.models.qwen3_tts.prompt import PromptIds, build_clone_prompt
 from vox_serve.models.qwen3_tts.speaker_encoder import SAMPLE_RATE, SpeakerEncoder, SpeakerEncoderConfig
@@ -40,7 +40,7 @@ class VoiceCloner:
     def __init__(self, speaker_encoder: SpeakerEncoder, codec_encoder: Qwen3CodecEncoder) -> None:
         self.speaker_encoder, self.codec_encoder = speaker_encoder, codec_encoder
 
-    def prompt(self, tokenizer: Any, ids: PromptIds, fields: dict[str, Any]) -> EmbeddedPrompt:
+    def prompt(self, tokenizer: Any, ids: PromptIds, fields: dict[str, Any]) -> Prompt:
         """The request's prompt rows with its speaker embedding; FieldError for unusable inputs."""
         x_vector_only = clone_mode(fields)
         ref_text = None if x_vector_only else fields["ref_text"]
@@ -50,17 +50,17 @@ class VoiceCloner:
             ref_codes = None if x_vector_only else self.codec_encoder(audio).tolist()
         rows, speaker_row = build_clone_prompt(tokenizer, ids, fields["text"], fields.get("language"),
                                                ref_text, ref_codes)
-        return EmbeddedPrompt(rows, {speaker_row: speaker.tolist()})
+        return Prompt.of(rows, {speaker_row: speaker.float().cpu().numpy()})
 
     def streaming_prompt(self, tokenizer: Any, ids: PromptIds, fields: dict[str, Any],
-                         first_text_id: int) -> EmbeddedPrompt:
+                         first_text_id: int) -> Prompt:
         """An input-streaming request's prompt (x-vector only; see `check_streaming_fields`)."""
         check_streaming_fields(fields)
         audio = self.reference_audio(fields["audio"])
         with torch.inference_mode():
             speaker = self.speaker_encoder(audio)
         rows, speaker_row = clone_streaming_prompt(tokenizer, ids, first_text_id, fields.get("language"))
-        return EmbeddedPrompt(rows, {speaker_row: speaker.tolist()})
+        return Prompt.of(rows, {speaker_row: speaker.float().cpu().numpy()})
 
     def reference_audio(self, data: bytes) -> torch.Tensor:
         """Uploaded bytes -> [samples] float32 at 24 kHz."""

@@ -34,15 +34,16 @@ from typing import Any
 import torch
 
 from vox_serve.codecs.qwen3.decoder import Qwen3CodecDecoder, Qwen3CodecSlots
-from vox_serve.core.meta import EngineLimits, ProgramMeta
-from vox_serve.core.request import EmbeddedPrompt, OutKind
+from vox_serve.core.meta import EngineLimits, ProgramLayout, ProgramMeta, StopRule
+from vox_serve.core.request import OutKind, Prompt
 from vox_serve.models.qwen3_tts.clone import CLONE_FIELDS, VoiceCloner, check_streaming_fields
 from vox_serve.models.qwen3_tts.layers import CodePredictor, Talker
 from vox_serve.models.qwen3_tts.prompt import PromptIds, build_prompt
 from vox_serve.models.qwen3_tts.stream import PROMPT_TEXT_IDS, stable_text_ids, streaming_prompt
 from vox_serve.rt import kernels
-from vox_serve.rt.arena import Arena
-from vox_serve.rt.program import Program, attention_buffers
+from vox_serve.rt.codec_window import CodecWindow
+from vox_serve.rt.lm_batch import LmBatch, LmSample
+from vox_serve.rt.program import Program
 
 SAMPLES_PER_FRAME = 1920  # 24 kHz / 12.5 Hz
 MIN_FRAMES_BEFORE_STOP = 2
@@ -63,10 +64,10 @@ def qwen3_tts_meta(name: str, ids: PromptIds, max_model_len: int, hidden_size: i
         name=name, sample_rate=sample_rate, input_columns=g + 1, codes_per_step=g, codes_per_frame=g,
         samples_per_frame=samples_per_frame, frames_per_chunk=10, codec_lookback_frames=0,
         codec_lookahead_frames=0, skip_leading_frames=0, max_model_len=max_model_len, max_text_chars=4000,
-        stop_rule=f"group-0 code {ids.codec_eos} (from the third frame on)",
+        stop_rule=StopRule(token=ids.codec_eos, min_generated=MIN_FRAMES_BEFORE_STOP),
         default_sampling=dict(DEFAULT_SAMPLING), accepted_fields=accepted, voices=voices,
         default_voice=voices[0] if voices else None, languages=ids.supported_languages, stateful_codec=True,
-        prompt_embed_dim=hidden_size if clones else 0,
+        layout=ProgramLayout(prompt_vector_dim=hidden_size if clones else 0),
         # A cloned voice streams its text in x-vector-only mode only (qwen3_tts_clone.check_streaming_fields).
         supports_input_streaming=True, streamed_text_column=g,
         extra={"model_type": ids.model_type, "takes_instruct": ids.takes_instruct,
@@ -83,8 +84,7 @@ class Qwen3TTSProgram(Program):
             raise ValueError("a Qwen3-TTS Base program needs the voice-clone encoders, other variants none")
         self.talker, self.predictor, self.codec_decoder, self.tokenizer = talker, predictor, codec, tokenizer
         self.cloner = cloner
-        self.codec_slots: Qwen3CodecSlots | None = None  # streaming state pools, sized in setup_arenas
-        self.scratch_slot = 0
+        self.codec_slots: Qwen3CodecSlots | None = None  # streaming state pools, sized in allocate
         self.ids, self.meta = ids, meta
         self.num_groups = ids.num_code_groups
         vocab = talker.cfg.vocab_size
@@ -95,20 +95,22 @@ class Qwen3TTSProgram(Program):
         c = self.talker.cfg
         return c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim
 
-    def setup_arenas(self, limits: EngineLimits) -> None:
-        super().setup_arenas(limits)
+    def allocate(self, limits: EngineLimits) -> None:
         self.predictor.allocate(max(limits.max_batch, limits.max_prefill_seqs))
-        # One slot past the scheduler's: padded codec rows (slot -1) decode into it, never into a request's.
-        self.scratch_slot = limits.codec_slots
-        self.codec_slots = Qwen3CodecSlots(self.codec_decoder, limits.codec_slots + 1)
+        # One pool row per request slot, and the scratch slot's (padded codec rows decode into it).
+        self.codec_slots = Qwen3CodecSlots(self.codec_decoder, limits.slots + 1)
+
+    def state_bytes(self) -> int:
+        pools = [self.codec_slots.state, self.codec_slots.pos, self.predictor.k_cache, self.predictor.v_cache]
+        return super().state_bytes() + sum(t.numel() * t.element_size() for t in pools)
 
     # ---- prompts -------------------------------------------------------------------------
-    def preprocess(self, fields: dict[str, Any]) -> list[list[int]] | EmbeddedPrompt:
+    def preprocess(self, fields: dict[str, Any]) -> Prompt:
         if self.cloner is not None:
             return self.cloner.prompt(self.tokenizer, self.ids, fields)
         voice = fields.get("voice") or self.meta.default_voice
-        return build_prompt(self.tokenizer, self.ids, fields["text"], voice, fields.get("language"),
-                            fields.get("instruct"))
+        return Prompt.of(build_prompt(self.tokenizer, self.ids, fields["text"], voice, fields.get("language"),
+                                      fields.get("instruct")))
 
     # ---- input streaming (qwen3_tts_stream.py) ---------------------------------------------
     num_prompt_text_ids = PROMPT_TEXT_IDS
@@ -120,55 +122,44 @@ class Qwen3TTSProgram(Program):
         if self.cloner is not None:
             check_streaming_fields(fields)
 
-    def preprocess_streaming(self, fields: dict[str, Any], prompt_text_ids: list[int]
-                             ) -> list[list[int]] | EmbeddedPrompt:
+    def preprocess_streaming(self, fields: dict[str, Any], prompt_text_ids: list[int]) -> Prompt:
         if self.cloner is not None:
             return self.cloner.streaming_prompt(self.tokenizer, self.ids, fields, prompt_text_ids[0])
         voice = fields.get("voice") or self.meta.default_voice
-        return streaming_prompt(self.tokenizer, self.ids, prompt_text_ids[0], voice, fields.get("language"),
-                                fields.get("instruct"))
+        return Prompt.of(streaming_prompt(self.tokenizer, self.ids, prompt_text_ids[0], voice, fields.get("language"),
+                                          fields.get("instruct")))
 
-    # ---- LM stages -----------------------------------------------------------------------
-    def prefill(self, num_tokens: int, num_seqs: int) -> None:
-        self._step(self.arenas["prefill_in"], self.arenas["prefill_out"], num_tokens, num_seqs)
-
-    def decode(self, batch: int) -> None:
-        self._step(self.arenas["decode_in"], self.arenas["decode_out"], batch, batch)
-
-    def _step(self, a: Arena, out: Arena, num_tokens: int, n: int) -> None:
-        bufs = attention_buffers(a)
+    # ---- LM stage ------------------------------------------------------------------------
+    def lm_step(self, b: LmBatch) -> LmSample:
+        """The talker over the launch's tokens, then for each row a whole frame: group 0 from the talker,
+        groups 1..G-1 from the code predictor."""
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return self.attention.forward(layer, q, k, v, bufs)
+            return self.attention.forward(layer, q, k, v, b.attention)
 
-        # Prompt vectors (Base prefill only): unused entries add zeros to token 0.
-        added = (a["embed_rows"], a["embeds"]) if "embeds" in a.specs else None
-        hidden = self.talker(a["input_ids"][:num_tokens], a["positions"][:num_tokens], attend, self.ids.tts_pad,
-                             added)
-        last = hidden[a["logits_index"][:n]]  # [n, hidden]
-        first = self._sample_group0(last, a, n)
-        frame = self._sample_rest(last, first, a, n)
-        out["tokens"][:n] = frame
-        out["codes"][:n] = frame
-        out["out_kind"][:n] = torch.where(first == self.ids.codec_eos, int(OutKind.STOP),
-                                          int(OutKind.AUDIO)).to(torch.int32)
+        hidden = self.talker(b.ids, b.positions, attend, self.ids.tts_pad, b.prompt_vectors)
+        last = hidden[b.logits_index]  # [n, hidden]
+        first = self._sample_group0(last, b)
+        frame = self._sample_rest(last, first, b)
+        kind = torch.where(first == self.ids.codec_eos, int(OutKind.STOP), int(OutKind.AUDIO))
+        return LmSample(tokens=frame, codes=frame, kind=kind)
 
-    def _sampling(self, a: Arena, n: int, group: int) -> kernels.SamplingTensors:
-        return kernels.SamplingTensors(
-            temperature=a["temperature"][:n], top_k=a["top_k"][:n], top_p=a["top_p"][:n], min_p=a["min_p"][:n],
-            repetition_penalty=a["repetition_penalty"][:n], seed=a["seed"][:n],
-            offset=a["gen_index"][:n] * self.num_groups + group,
-        )
+    def _sampling(self, b: LmBatch, group: int) -> kernels.SamplingTensors:
+        s = b.sampling
+        return kernels.SamplingTensors(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+                                       repetition_penalty=s.repetition_penalty, seed=s.seed,
+                                       offset=b.gen_index * self.num_groups + group)
 
-    def _sample_group0(self, hidden: torch.Tensor, a: Arena, n: int) -> torch.Tensor:
+    def _sample_group0(self, hidden: torch.Tensor, b: LmBatch) -> torch.Tensor:
         """hidden [n, H] -> group-0 codes [n] (or EOS)."""
+        n = hidden.shape[0]
         logits = self.talker.codec_head(hidden).float()
-        may_stop = a["allow_stop"][:n] & (a["gen_index"][:n] >= MIN_FRAMES_BEFORE_STOP)
+        may_stop = b.allow_stop & (b.gen_index >= MIN_FRAMES_BEFORE_STOP)
         allowed = self.audio_ids.expand(n, -1).clone()
         allowed[:, self.ids.codec_eos] = may_stop
-        return kernels.sample(logits, self._sampling(a, n, 0), a["history"][:n], allowed)
+        return kernels.sample(logits, self._sampling(b, 0), b.history, allowed)
 
-    def _sample_rest(self, hidden: torch.Tensor, first: torch.Tensor, a: Arena, n: int) -> torch.Tensor:
+    def _sample_rest(self, hidden: torch.Tensor, first: torch.Tensor, b: LmBatch) -> torch.Tensor:
         """The code predictor: groups 1..G-1 after group 0; returns the frame [n, G]."""
         codes = [first]
         x = torch.stack([hidden, self.talker.codec_embedding(0, first)], dim=1)  # [n, 2, H]
@@ -177,23 +168,18 @@ class Qwen3TTSProgram(Program):
             # first step feeds positions 0 and 1, each later one the code just sampled.
             logits = self.predictor.step(x, start=0 if group == 1 else group, head=group - 1)
             # No history: the reference's sub-talker samples without repetition penalty.
-            code = kernels.sample(logits, self._sampling(a, n, group))
+            code = kernels.sample(logits, self._sampling(b, group))
             codes.append(code)
             x = self.talker.codec_embedding(group, code).unsqueeze(1)
         return torch.stack(codes, dim=1)
 
     # ---- codec ---------------------------------------------------------------------------
-    def codec(self, batch: int, first: bool = False) -> None:
-        a, out = self.codec_arenas(first)
-        slots = a["slot"][:batch]
-        slots = torch.where(slots >= 0, slots, self.scratch_slot)
-        pcm = self.codec_slots.decode_chunk(a["codes"][:batch], slots)  # [batch, window * samples_per_frame]
-        keep = out["pcm"].shape[1]
-        out["pcm"][:batch] = (pcm[:, :keep].float().clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16)
+    def decode_audio(self, window: CodecWindow, frames: int) -> torch.Tensor:
+        pcm = self.codec_slots.decode_chunk(window.codes, window.slot)  # [batch, frames * samples_per_frame]
+        return pcm[:, : frames * self.meta.samples_per_frame]
 
-    def release_codec_slot(self, slot: int) -> None:
-        if self.codec_slots is not None:
-            self.codec_slots.reset_slot(slot)
+    def reset_slots(self, slots: torch.Tensor) -> None:
+        self.codec_slots.reset_slots(slots)
 
     def weights_bytes(self) -> int:
         modules = (self.talker, self.predictor, self.codec_decoder)

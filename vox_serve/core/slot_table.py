@@ -1,0 +1,127 @@
+"""The host's mirror of the request slots: one row of counters per slot, as numpy columns (torch-free).
+
+A request holds a slot from its admission until it ends (preemptions included): the slot indexes
+its state on the device (page-table row, sampling parameters, token history, audio codes, codec
+streaming state). The host keeps here only what it decides on -- how many positions are computed,
+tokens generated and in flight, codes produced, the next audio chunk and when it is ready -- as
+arrays, so a step's bookkeeping for hundreds of rows is a few vectorised operations instead of a
+Python loop over requests.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from vox_serve.core.chunks import ChunkGeometry
+from vox_serve.core.page_pool import SlotPool
+from vox_serve.core.request import Counters, Request
+
+NEVER = np.iinfo(np.int64).max // 4  # a frame count no chunk ever needs
+
+
+class SlotState(enum.IntEnum):
+    FREE = 0
+    WAITING = 1  # preempted: holds its slot (its tokens and codes are on the device), no pages
+    RUNNING = 2
+    DRAINING = 3
+
+
+COUNTERS = ("num_computed", "num_generated", "num_pending", "num_codes", "next_chunk")
+
+
+class SlotTable:
+    """Columns indexed by slot; `requests[slot]` is the slot's request (None when free) and `req_ids[slot]`
+    its id (object arrays, so a batch's requests are one fancy index)."""
+
+    def __init__(self, num_slots: int, geometry: ChunkGeometry) -> None:
+        self.num_slots, self.geometry = num_slots, geometry
+        self.pool = SlotPool(num_slots)
+        self.requests = np.full(num_slots, None, dtype=object)
+        self.req_ids = np.full(num_slots, None, dtype=object)
+        zeros = lambda: np.zeros(num_slots, dtype=np.int64)  # noqa: E731
+        self.num_computed, self.num_generated, self.num_pending = zeros(), zeros(), zeros()
+        self.num_codes, self.next_chunk = zeros(), zeros()
+        self.prompt_len, self.max_tokens, self.text_limit = zeros(), zeros(), zeros()
+        self.chunk_need = np.full(num_slots, NEVER, dtype=np.int64)  # frames the next chunk needs (not final)
+        self.chunk_start = np.full(num_slots, NEVER, dtype=np.int64)  # its first emitted frame
+        self.capacity = zeros()  # tokens the slot's KV pages hold
+        self.occupancy = zeros()  # a number unique to each admission into the slot (0: free)
+        self.admit_rank = zeros()  # order of (re)admission: the base policy's decode order
+        self.lm_step = zeros()  # the last step planned with an LM row of the slot's request
+        self.codec_step = zeros()  # the last step planned with a chunk of it
+        self.last_decode = np.zeros(num_slots, dtype=np.float64)  # when the slot last had an LM row
+        self.state = np.zeros(num_slots, dtype=np.int8)
+        self._occupancies = 0
+        self._ranks = 0
+
+    @property
+    def num_free(self) -> int:
+        return self.pool.num_free
+
+    def can_acquire(self) -> bool:
+        return self.pool.can_acquire()
+
+    def acquire(self, req: Request) -> int:
+        """Give `req` a slot, its counters moved into the table."""
+        slot = self.pool.acquire(req.req_id)
+        self._occupancies += 1
+        c = req.counters
+        for name in COUNTERS:
+            getattr(self, name)[slot] = getattr(c, name)
+        self.prompt_len[slot] = req.prompt_len
+        self.max_tokens[slot] = req.sampling.max_tokens
+        self.text_limit[slot] = NEVER if req.text_feed is None else req.text_feed.limit
+        self.capacity[slot] = self.lm_step[slot] = self.codec_step[slot] = 0
+        self.occupancy[slot] = self._occupancies
+        self.state[slot] = SlotState.RUNNING
+        self.mark_admitted(slot)
+        self.last_decode[slot] = np.nan
+        self.requests[slot], self.req_ids[slot] = req, req.req_id
+        req.slot, req.table = slot, self
+        self.set_next_chunk(slot, c.next_chunk)
+        return slot
+
+    def release(self, req: Request) -> int | None:
+        """Take `req`'s slot back; its counters move back into the request."""
+        slot = req.slot
+        if slot is None:
+            return None
+        req.counters = Counters(**{name: int(getattr(self, name)[slot]) for name in COUNTERS})
+        req.slot, req.table = None, None
+        self.requests[slot] = self.req_ids[slot] = None
+        self.occupancy[slot] = 0
+        self.state[slot] = SlotState.FREE
+        self.chunk_need[slot] = self.chunk_start[slot] = NEVER
+        self.pool.release(req.req_id)
+        return slot
+
+    def mark_admitted(self, slot: int) -> None:
+        """The slot's request joins the running requests (again, after a preemption)."""
+        self._ranks += 1
+        self.admit_rank[slot] = self._ranks
+        self.state[slot] = SlotState.RUNNING
+
+    def slots_in(self, state: SlotState) -> np.ndarray:
+        """Slots in `state`, in admission order."""
+        slots = np.flatnonzero(self.state == state)
+        return slots[np.argsort(self.admit_rank[slots], kind="stable")]
+
+    def set_next_chunk(self, slot: int, index: int) -> None:
+        """Record the slot's next audio chunk and the frames it needs."""
+        self.next_chunk[slot] = index
+        start, end = self.geometry.emitted(index)
+        self.chunk_start[slot] = start
+        self.chunk_need[slot] = end + self.geometry.lookahead
+
+    def num_frames(self, slots: np.ndarray) -> np.ndarray:
+        return self.num_codes[slots] // self.geometry.codes_per_frame
+
+    def ready(self, slots: np.ndarray) -> np.ndarray:
+        """[len(slots)] bool: whether each slot's next chunk can be decoded now (a draining slot also
+        when only its shorter final chunk is left)."""
+        frames = self.num_frames(slots)
+        final = self.state[slots] == SlotState.DRAINING
+        only_final = final & (frames - self.geometry.lookahead > self.chunk_start[slots])
+        return (frames >= self.chunk_need[slots]) | only_final

@@ -1,0 +1,147 @@
+"""FlashInfer paged attention (CUDA only), planned on the host before each launch.
+
+Decode uses one `BatchDecodeWithPagedKVCacheWrapper` per batch bucket, built with
+`use_cuda_graph=True` so the decode graph captured for that bucket replays against whatever the
+latest `plan()` wrote into the wrapper's buffers. Prefill runs through a graph-mode
+`BatchPrefillWithPagedKVCacheWrapper` per token bucket (a fixed sequence count, padded sequences
+empty) when captured, else through an eager one. Every wrapper reads its page indices from the
+stage's CSR index buffer (`Program.kv_indices`), which the stage itself fills from the slots' page
+tables; `plan()` only reads the host offsets, so it never waits for the device.
+
+A planner copies its pinned integer workspace to the device asynchronously; before a wrapper is
+planned again its previous copy must have run, or the next plan would overwrite the pinned bytes
+still being read (asynchronous scheduling plans step k+1 while step k runs). An event recorded
+after each plan guards that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flashinfer
+import torch
+from torch import Tensor
+
+from vox_serve.rt.attention.base import AttentionBackend, AttentionBuffers, AttentionPlan, PlanInputs
+
+WORKSPACE_BYTES = 128 << 20
+
+
+class FlashInferAttentionBackend(AttentionBackend):
+    name = "flashinfer"
+    prefill_graphs = True
+    needs_kv_indices = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        self._decode: dict[int, Any] = {}
+        self._prefill_eager: Any = None
+        # Captured prefill: per token bucket a graph-mode wrapper (fixed sequence count) and a static
+        # output whose rows past the step's tokens keep finite stale values (padded rows, never read).
+        self._prefill_graphs: dict[int, tuple[Any, Tensor]] = {}
+        self._active_prefill: tuple[Any, Tensor | None] = (None, None)
+        self._planned: dict[int, torch.cuda.Event] = {}  # id(wrapper) -> event after its last plan
+        self._plan: AttentionPlan | None = None
+        self._active_decode: Any = None
+
+    def planner_of(self, plan: AttentionPlan) -> str:
+        """Which FlashInfer planner serves the launch (published in the engine spec)."""
+        if plan.is_decode:
+            return "decode_tensor_cores" if self._tensor_cores else "decode"
+        return "prefill"
+
+    @property
+    def _tensor_cores(self) -> bool:
+        return self.num_q_heads // self.num_kv_heads >= 4
+
+    def _decode_wrapper(self, rows: int, inputs: PlanInputs) -> Any:
+        """The decode wrapper of a bucket, with static buffers sized for any page count."""
+        if rows not in self._decode:
+            dev = self.device
+            self._decode[rows] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self._workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self._tensor_cores,
+                paged_kv_indptr_buffer=torch.zeros(rows + 1, dtype=torch.int32, device=dev),
+                paged_kv_indices_buffer=inputs.kv_indices,
+                paged_kv_last_page_len_buffer=torch.zeros(rows, dtype=torch.int32, device=dev),
+            )
+        return self._decode[rows]
+
+    def _prefill_wrapper(self, plan: AttentionPlan, rows: int, inputs: PlanInputs) -> tuple[Any, Tensor | None]:
+        """(wrapper, static output) for this prefill: eager, or the graph-mode pair of its token bucket."""
+        tokens, dev = plan.graph_tokens, self.device
+        if tokens is None:
+            if self._prefill_eager is None:
+                self._prefill_eager = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+            return self._prefill_eager, None
+        if tokens not in self._prefill_graphs:
+            wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                self._workspace, "NHD", use_cuda_graph=True,
+                qo_indptr_buf=torch.zeros(rows + 1, dtype=torch.int32, device=dev),
+                paged_kv_indptr_buf=torch.zeros(rows + 1, dtype=torch.int32, device=dev),
+                paged_kv_indices_buf=inputs.kv_indices,
+                paged_kv_last_page_len_buf=torch.zeros(rows, dtype=torch.int32, device=dev),
+            )
+            out = torch.zeros(tokens, self.num_q_heads, self.head_dim, dtype=self.dtype, device=dev)
+            self._prefill_graphs[tokens] = (wrapper, out)
+        return self._prefill_graphs[tokens]
+
+    def plan(self, plan: AttentionPlan, inputs: PlanInputs) -> None:
+        """Plan from the CSR offsets the worker wrote into pinned host memory (copied asynchronously)."""
+        self._plan = plan
+        common = dict(num_kv_heads=self.num_kv_heads, page_size=self.page_size, q_data_type=self.dtype,
+                      kv_data_type=self.dtype, sm_scale=self.scale)
+        rows = plan.num_rows or plan.num_seqs
+        indptr = inputs.kv_indptr[: rows + 1]
+        last = inputs.kv_last_page_len[:rows]
+        nnz = int(indptr[rows])
+        if plan.is_decode:
+            wrapper = self._active_decode = self._decode_wrapper(rows, inputs)
+            self._guarded(wrapper, lambda: wrapper.plan(
+                indptr, inputs.kv_indices[:nnz], last, num_qo_heads=self.num_q_heads, head_dim=self.head_dim,
+                non_blocking=True, **common))
+            return
+        self._active_prefill = self._prefill_wrapper(plan, rows, inputs)
+        wrapper = self._active_prefill[0]
+        self._guarded(wrapper, lambda: wrapper.plan(
+            inputs.qo_indptr[: rows + 1], indptr, inputs.kv_indices[:nnz], last, num_qo_heads=self.num_q_heads,
+            head_dim_qk=self.head_dim, causal=True, non_blocking=True, **common))
+
+    def planner_layout(self) -> dict[str, Any]:
+        """Per planned wrapper (decode per batch bucket, captured prefill per token bucket): the planner it
+        was captured with and the addresses of its buffers, for a runtime that plans with FlashInfer's own
+        functions and uploads the integer workspace itself (engine spec `attention.planners`)."""
+        def buffers(wrapper: Any) -> dict[str, Any]:
+            names = ("_float_workspace_buffer", "_int_workspace_buffer", "_pin_memory_int_workspace_buffer",
+                     "_paged_kv_indptr_buf", "_paged_kv_last_page_len_buf", "_paged_kv_indices_buf", "_qo_indptr_buf")
+            out = {n.strip("_"): {"ptr": t.data_ptr(), "nbytes": t.numel() * t.element_size()}
+                   for n in names if isinstance(t := getattr(wrapper, n, None), Tensor)}
+            return {"backend": str(getattr(wrapper, "_backend", "")), **out}
+
+        decode = "decode_tensor_cores" if self._tensor_cores else "decode"
+        return {"decode": {str(rows): {"planner": decode, **buffers(w)} for rows, w in self._decode.items()},
+                "prefill": {str(tokens): {"planner": "prefill", **buffers(w)}
+                            for tokens, (w, _) in self._prefill_graphs.items()}}
+
+    def _guarded(self, wrapper: Any, plan: Any) -> None:
+        event = self._planned.get(id(wrapper))
+        if event is not None:
+            event.synchronize()  # its previous workspace copy has run: the pinned bytes may change
+        plan()
+        event = self._planned.setdefault(id(wrapper), torch.cuda.Event())
+        event.record()
+
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, bufs: AttentionBuffers) -> Tensor:
+        if self._plan is None:
+            raise RuntimeError("FlashInferAttentionBackend.forward called before plan()")
+        cache = self.kv_caches[layer]
+        self._write_kv(cache, k, v, bufs.slot_mapping[: q.shape[0]])
+        if self._plan.is_decode:
+            return self._active_decode.run(q, cache)
+        wrapper, out = self._active_prefill
+        if out is not None:  # captured: every row of the bucket goes in, the planned ones are written
+            return wrapper.run(q, cache, out=out)
+        n = self._plan.num_tokens
+        out = torch.zeros_like(q)
+        out[:n] = wrapper.run(q[:n], cache)
+        return out

@@ -1,0 +1,85 @@
+"""The fields of a step's two arenas: every input of one step in `step_in`, every output in `step_out`.
+
+`step_in` is written on the host and copied to the device once per step, up to the end of the last
+section the step uses; sections are ordered small and frequent first (admissions, page-table
+updates, decode rows, codec rows) and large and rare last (prefill tokens). `step_out` holds what the
+host needs back -- an out kind per LM row, the PCM of the codec rows -- and is copied back once, up
+to the end of the last output the step wrote. docs/engine-contract.md lists every field with its
+padding convention.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.rt.arena import FieldSpec
+from vox_serve.rt.slot_state import SAMPLING_FIELDS, slot_field_dtype
+
+I32, I64, F32 = torch.int32, torch.int64, torch.float32
+
+
+def admit_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpec]:
+    a = limits.max_admits
+    fields = [FieldSpec("admit_slot", (a,), I32)]
+    fields += [FieldSpec(f"admit_{name}", (a,), dtype) for name, dtype in SAMPLING_FIELDS.items()]
+    for f in meta.layout.slot_fields:
+        fields += [FieldSpec(f"admit_{f.name}", (a, *f.shape), slot_field_dtype(f.dtype)),
+                   FieldSpec(f"admit_{f.name}_len", (a,), I64)]
+    return fields
+
+
+def page_fields(limits: EngineLimits) -> list[FieldSpec]:
+    u = limits.max_page_updates
+    return [FieldSpec("page_slot", (u,), I32), FieldSpec("page_index", (u,), I32), FieldSpec("page_id", (u,), I32)]
+
+
+def decode_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpec]:
+    b = limits.max_batch
+    return [FieldSpec("decode_slot", (b,), I32), FieldSpec("decode_pos", (b,), I32),
+            FieldSpec("decode_ids", (b, meta.input_columns), I32),
+            FieldSpec("decode_kv_indptr", (b + 1,), I32), FieldSpec("decode_last_page_len", (b,), I32)]
+
+
+def codec_fields(prefix: str, limits: EngineLimits) -> list[FieldSpec]:
+    k = limits.max_codec_batch
+    return [FieldSpec(f"{prefix}_slot", (k,), I32), FieldSpec(f"{prefix}_first_frame", (k,), I32),
+            FieldSpec(f"{prefix}_window_end", (k,), I32)]
+
+
+def max_prompt_vectors(meta: ProgramMeta, limits: EngineLimits) -> int:
+    if not meta.layout.prompt_vector_dim:
+        return 0
+    return meta.layout.max_prompt_vectors or limits.max_prefill_tokens
+
+
+def prefill_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpec]:
+    t, s = limits.max_prefill_tokens, limits.max_prefill_seqs
+    fields = [FieldSpec("prefill_slot", (s,), I32), FieldSpec("prefill_kv_len", (s,), I32),
+              FieldSpec("prefill_sample", (s,), torch.bool), FieldSpec("prefill_qo_indptr", (s + 1,), I32),
+              FieldSpec("prefill_kv_indptr", (s + 1,), I32), FieldSpec("prefill_last_page_len", (s,), I32),
+              FieldSpec("prefill_ids", (t, meta.input_columns), I32), FieldSpec("prefill_pos", (t,), I32),
+              FieldSpec("prefill_tok_slot", (t,), I32)]
+    e = max_prompt_vectors(meta, limits)
+    if e:
+        fields += [FieldSpec("prefill_vec_token", (e,), I32),
+                   FieldSpec("prefill_vec", (e, meta.layout.prompt_vector_dim), F32)]
+    return fields
+
+
+def step_input_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpec]:
+    fields = admit_fields(meta, limits) + page_fields(limits) + decode_fields(meta, limits)
+    fields += codec_fields("codec", limits)
+    if limits.has_first_chunks:
+        fields += codec_fields("codec_first", limits)
+    return fields + prefill_fields(meta, limits)
+
+
+def step_output_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpec]:
+    k, spf = limits.max_codec_batch, meta.samples_per_frame
+    fields = [FieldSpec("prefill_kind", (limits.max_prefill_seqs,), I32),
+              FieldSpec("decode_kind", (limits.max_batch,), I32),
+              FieldSpec("codec_pcm", (k, limits.frames_per_chunk * spf), torch.int16)]
+    if limits.has_first_chunks:
+        fields.append(FieldSpec("codec_first_pcm", (k, limits.first_frames * spf), torch.int16))
+    return fields

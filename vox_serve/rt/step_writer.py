@@ -1,0 +1,200 @@
+"""Writing a step plan into the step arenas' host views, and reading a step's outputs back (numpy only).
+
+This is the host half of the engine contract (docs/engine-contract.md): what a runtime writes into
+`step_in` for a plan -- every row padded to its launch's bucket with the padding conventions
+(`NO_SLOT`, position 0, a null-page KV of one entry) -- which launches follow, how many bytes to
+upload, how many to download, and how `step_out` turns back into a `StepResult`. Every field is
+written with array operations, one per field, never a Python loop over rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.plan import NO_SLOT, CodecLaunch, LmLaunch, SlotInit, StepPlan, StepResult
+from vox_serve.core.stages import Stage, pick_bucket
+from vox_serve.rt.attention.base import AttentionPlan, paged_kv_offsets
+from vox_serve.rt.slot_state import SAMPLING_FIELDS
+
+HostViews = dict[str, np.ndarray]
+
+
+@dataclass
+class Launch:
+    """One stage launch of a step: the bucket its handle was captured for, and what the host needs
+    around it (the attention plan before it; the plan's codec rows it covers, in output order)."""
+
+    stage: Stage
+    bucket: int
+    num_seqs: int | None = None  # prefill: sequences of the launch (max_prefill_seqs when captured)
+    attention: AttentionPlan | None = None
+    rows: np.ndarray | None = None  # codec: indices into plan.codec
+
+
+class StepWriter:
+    def __init__(self, meta: ProgramMeta, limits: EngineLimits, buckets: dict[Stage, list[int]],
+                 captured_prefill: bool, end_of: Callable[[str], int]) -> None:
+        self.meta, self.limits, self.buckets = meta, limits, buckets
+        self.captured_prefill = captured_prefill  # prefill runs graphs with max_prefill_seqs sequences
+        self.end_of = end_of  # byte offset past a step_in field
+
+    def write(self, h: HostViews, plan: StepPlan) -> tuple[list[Launch], int]:
+        """Fill the host views for `plan`; returns its launches in order and the bytes to upload."""
+        launches, end = [], 0
+        if plan.admits or len(plan.pages):
+            self._admits(h, plan.admits)
+            self._pages(h, plan)
+            launches.append(Launch(Stage.PROLOGUE, 1))
+            end = self.end_of("page_id")
+        if len(plan.codec):
+            for launch in self._codec(h, plan.codec):
+                launches.append(launch)
+                end = max(end, self.end_of(f"{launch.stage}_window_end"))
+        if len(plan.prefill):
+            launches.append(self._prefill(h, plan.prefill))
+            end = max(end, self.end_of(_last_prefill_field(h)))
+        if len(plan.decode):
+            launches.append(self._decode(h, plan.decode))
+            end = max(end, self.end_of("decode_last_page_len"))
+        return launches, end
+
+    # ---- sections ----------------------------------------------------------------------------
+    def _admits(self, h: HostViews, admits: list[SlotInit]) -> None:
+        n, cap = len(admits), self.limits.max_admits
+        if n > cap:
+            raise ValueError(f"{n} admissions in one step; the engine takes {cap}")
+        h["admit_slot"][:n] = [a.slot for a in admits]
+        h["admit_slot"][n:] = NO_SLOT
+        for name in SAMPLING_FIELDS:
+            h[f"admit_{name}"][:n] = [getattr(a, name) for a in admits]
+        for f in self.meta.layout.slot_fields:
+            values, lengths = h[f"admit_{f.name}"], h[f"admit_{f.name}_len"]
+            for i, a in enumerate(admits):
+                value = a.conditioning.get(f.name)
+                length = 0 if value is None else len(value)
+                if length > f.shape[0]:
+                    raise ValueError(f"{f.name} of {length} exceeds its declared {f.shape[0]}")
+                if value is not None:
+                    values[i, :length] = value
+                lengths[i] = length
+
+    def _pages(self, h: HostViews, plan: StepPlan) -> None:
+        p, n = plan.pages, len(plan.pages)
+        if n > self.limits.max_page_updates:
+            raise ValueError(f"{n} page-table updates in one step; the engine takes {self.limits.max_page_updates}")
+        h["page_slot"][:n], h["page_index"][:n], h["page_id"][:n] = p.slot, p.index, p.page
+        h["page_slot"][n:] = NO_SLOT
+
+    def _codec(self, h: HostViews, codec: CodecLaunch) -> list[Launch]:
+        if len(codec) > self.limits.max_codec_batch:
+            raise ValueError(f"{len(codec)} codec rows exceed --max-codec-batch {self.limits.max_codec_batch}")
+        first = codec.chunk_index == 0 if self.limits.has_first_chunks else np.zeros(len(codec), dtype=np.bool_)
+        out = []
+        for stage, rows in ((Stage.CODEC_FIRST, np.flatnonzero(first)), (Stage.CODEC, np.flatnonzero(~first))):
+            if not len(rows):
+                continue
+            bucket = pick_bucket(len(rows), self.buckets[stage])
+            n = len(rows)
+            _put(h[f"{stage}_slot"], codec.slot[rows], bucket, NO_SLOT)
+            _put(h[f"{stage}_first_frame"], codec.first_frame[rows], bucket, 0)
+            _put(h[f"{stage}_window_end"], codec.window_end[rows], bucket, 1)
+            out.append(Launch(stage, bucket, rows=rows[:n]))
+        return out
+
+    def _decode(self, h: HostViews, rows: LmLaunch) -> Launch:
+        n = len(rows)
+        if n > self.limits.max_batch or (rows.num_tokens != 1).any():
+            raise ValueError("a decode launch has one token per row and at most max_batch rows")
+        bucket = pick_bucket(n, self.buckets[Stage.DECODE])
+        _put(h["decode_slot"], rows.slot, bucket, NO_SLOT)
+        _put(h["decode_pos"], rows.start, bucket, 0)
+        _put(h["decode_ids"], rows.input_ids, bucket, 0)
+        kv_len = _padded(rows.kv_len, bucket, 1)
+        paged_kv_offsets(kv_len, self.limits.page_size, h["decode_kv_indptr"], h["decode_last_page_len"])
+        attention = AttentionPlan(bucket, np.ones(bucket, dtype=np.int64), kv_len, num_rows=bucket, decode=True)
+        return Launch(Stage.DECODE, bucket, attention=attention)
+
+    def _prefill(self, h: HostViews, rows: LmLaunch) -> Launch:
+        lim, n, t = self.limits, len(rows), rows.total_tokens
+        if n > lim.max_prefill_seqs or t > lim.max_prefill_tokens:
+            raise ValueError(f"prefill of {n} seqs / {t} tokens exceeds the arena")
+        bucket = pick_bucket(t, self.buckets[Stage.PREFILL])
+        seqs = lim.max_prefill_seqs if self.captured_prefill else n
+        kv_len = _padded(rows.kv_len, seqs, 1)  # padded sequences: no tokens, one null-page entry
+        _put(h["prefill_slot"], rows.slot, seqs, NO_SLOT)
+        _put(h["prefill_kv_len"], rows.kv_len, seqs, 1)
+        _put(h["prefill_sample"], rows.sample, seqs, False)
+        qo = h["prefill_qo_indptr"]
+        qo[0] = 0
+        np.cumsum(_padded(rows.num_tokens, seqs, 0), out=qo[1 : seqs + 1])
+        paged_kv_offsets(kv_len, lim.page_size, h["prefill_kv_indptr"], h["prefill_last_page_len"])
+        offsets = np.repeat(rows.start - qo[:n], rows.num_tokens)
+        _put(h["prefill_pos"], offsets + np.arange(t), bucket, 0)
+        _put(h["prefill_tok_slot"], np.repeat(rows.slot, rows.num_tokens), bucket, NO_SLOT)
+        _put(h["prefill_ids"], rows.input_ids, bucket, 0)
+        if "prefill_vec_token" in h:
+            e = len(rows.vector_token)
+            if e > len(h["prefill_vec_token"]):
+                raise ValueError(f"{e} prompt vectors in one prefill; the arena holds {len(h['prefill_vec_token'])}")
+            _put(h["prefill_vec_token"], rows.vector_token, len(h["prefill_vec_token"]), -1)
+            if e:
+                h["prefill_vec"][:e] = rows.vectors
+        elif len(rows.vector_token):
+            raise ValueError("rows carry prompt vectors, which this program does not declare")
+        attention = AttentionPlan(n, rows.num_tokens, rows.kv_len, num_rows=seqs,
+                                  graph_tokens=bucket if self.captured_prefill else None)
+        return Launch(Stage.PREFILL, bucket, num_seqs=seqs, attention=attention)
+
+
+def _padded(values: np.ndarray, size: int, pad: int) -> np.ndarray:
+    out = np.full(size, pad, dtype=np.int64)
+    out[: len(values)] = values
+    return out
+
+
+def _put(view: np.ndarray, values: np.ndarray, bucket: int, pad: int | bool) -> None:
+    """view[:len(values)] = values; view[len(values):bucket] = pad (the padded rows of the launch)."""
+    n = len(values)
+    view[:n] = values
+    view[n:bucket] = pad
+
+
+def _last_prefill_field(h: HostViews) -> str:
+    return "prefill_vec" if "prefill_vec" in h else "prefill_tok_slot"
+
+
+class StepReader:
+    """Reads a step's outputs from `step_out`'s host views; `download_bytes` says how much to copy."""
+
+    def __init__(self, meta: ProgramMeta, limits: EngineLimits, offsets: dict[str, int]) -> None:
+        self.meta, self.limits, self.offsets = meta, limits, offsets
+
+    def _pcm_row_bytes(self, stage: Stage) -> int:
+        frames = self.limits.first_frames if stage is Stage.CODEC_FIRST else self.limits.frames_per_chunk
+        return 2 * frames * self.meta.samples_per_frame
+
+    def download_bytes(self, launches: list[Launch]) -> int:
+        end = self.offsets["codec_pcm"]  # the out kinds come first
+        for launch in launches:
+            if launch.rows is not None:
+                rows = len(launch.rows) * self._pcm_row_bytes(launch.stage)
+                end = max(end, self.offsets[f"{launch.stage}_pcm"] + rows)
+        return end
+
+    def read(self, h: HostViews, plan: StepPlan, launches: list[Launch]) -> StepResult:
+        result = StepResult(plan.step_id, prefill_kind=h["prefill_kind"][: len(plan.prefill)].copy(),
+                            decode_kind=h["decode_kind"][: len(plan.decode)].copy())
+        pcm: list[bytes] = [b""] * len(plan.codec)
+        spf = self.meta.samples_per_frame
+        for launch in launches:
+            if launch.rows is None:
+                continue
+            out = h[f"{launch.stage}_pcm"]
+            for i, row in enumerate(launch.rows.tolist()):
+                pcm[row] = out[i, : int(plan.codec.num_frames[row]) * spf].tobytes()
+        result.pcm = pcm
+        return result

@@ -1,0 +1,126 @@
+"""Building a plan's launches from requests: the few scalars per row that the engine needs.
+
+The engine holds each admitted request's state on the device (page table, sampling parameters,
+token history, codes), so an LM row is (slot, first position, token count, sample flag) plus the
+input ids the host knows: prompt positions and a streamed text column. Generated positions carry
+`ABSENT_ID` in their code columns; the stage takes them from the slot's history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vox_serve.core.chunks import ChunkWindow
+from vox_serve.core.meta import ProgramMeta
+from vox_serve.core.plan import ABSENT_ID, CodecLaunch, LmLaunch, SlotInit
+from vox_serve.core.request import Request
+from vox_serve.core.slot_table import NEVER, SlotTable
+from vox_serve.scheduler.text_input import text_ids
+
+
+def slot_init(req: Request) -> SlotInit:
+    s = req.sampling
+    return SlotInit(slot=req.slot, prompt_len=req.prompt_len, temperature=s.temperature, top_k=s.top_k,
+                    top_p=s.top_p, min_p=s.min_p, repetition_penalty=s.repetition_penalty,
+                    repetition_window=s.repetition_window,
+                    seed=s.seed, allow_stop=not s.ignore_eos, conditioning=dict(req.prompt.conditioning))
+
+
+@dataclass
+class PrefillRows:
+    """Prefill rows collected one by one (a step admits a handful of requests)."""
+
+    meta: ProgramMeta
+    reqs: list[Request] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    samples: list[bool] = field(default_factory=list)
+    ids: list[np.ndarray] = field(default_factory=list)
+    vector_tokens: list[int] = field(default_factory=list)
+    vectors: list[np.ndarray] = field(default_factory=list)
+    num_tokens: int = 0
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def add(self, req: Request, start: int, n: int, sample: bool) -> None:
+        """Positions start .. start + n - 1 of req."""
+        self.ids.append(input_ids(self.meta, req, start, n))
+        for pos, vec in req.prompt.vectors.items():
+            if start <= pos < start + n:
+                self.vector_tokens.append(self.num_tokens + pos - start)
+                self.vectors.append(vec)
+        self.reqs.append(req)
+        self.starts.append(start)
+        self.counts.append(n)
+        self.samples.append(sample)
+        self.num_tokens += n
+
+    def launch(self) -> LmLaunch:
+        if not self.reqs:
+            return LmLaunch.empty(self.meta.input_columns)
+        dim = self.meta.layout.prompt_vector_dim
+        vectors = np.stack(self.vectors) if self.vectors else np.zeros((0, dim), dtype=np.float32)
+        return LmLaunch(req_ids=[r.req_id for r in self.reqs], slot=_i32([r.slot for r in self.reqs]),
+                        start=_i32(self.starts), num_tokens=_i32(self.counts),
+                        sample=np.asarray(self.samples, dtype=np.bool_), input_ids=np.concatenate(self.ids),
+                        vector_token=_i32(self.vector_tokens), vectors=vectors)
+
+
+def input_ids(meta: ProgramMeta, req: Request, start: int, n: int) -> np.ndarray:
+    """[n, input_columns] the host's ids of positions start..: the prompt's rows, then ABSENT_ID rows
+    for generated positions (with the streamed text id in its column)."""
+    width = meta.input_columns
+    out = np.full((n, width), ABSENT_ID, dtype=np.int32)
+    prompt = req.prompt.ids
+    end = min(start + n, prompt.shape[0])
+    if end > start:
+        out[: end - start, : prompt.shape[1]] = prompt[start:end]
+    column = meta.streamed_text_column
+    if column is not None and req.text_feed is not None and start + n > prompt.shape[0]:
+        first = max(start, prompt.shape[0])
+        out[first - start :, column] = text_ids(req, first - prompt.shape[0], start + n - first)
+    return out
+
+
+def decode_launch(meta: ProgramMeta, table: SlotTable, slots: np.ndarray, starts: np.ndarray) -> LmLaunch:
+    """One token per row: the position `starts[i]` of each request (its last sampled token's)."""
+    n = len(slots)
+    ids = np.full((n, meta.input_columns), ABSENT_ID, dtype=np.int32)
+    column = meta.streamed_text_column
+    if column is not None:
+        streamed = np.flatnonzero(table.text_limit[slots] < NEVER)
+        for i, req in zip(streamed.tolist(), table.requests[slots[streamed]], strict=True):
+            ids[i, column] = text_ids(req, int(starts[i]) - req.prompt_len, 1)[0]
+    return LmLaunch(req_ids=table.req_ids[slots].tolist(), slot=slots.astype(np.int32), start=starts.astype(np.int32),
+                    num_tokens=np.ones(n, dtype=np.int32), sample=np.ones(n, dtype=np.bool_), input_ids=ids)
+
+
+@dataclass
+class CodecRows:
+    reqs: list[Request] = field(default_factory=list)
+    windows: list[ChunkWindow] = field(default_factory=list)
+    last: list[bool] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def add(self, req: Request, window: ChunkWindow, is_last: bool) -> None:
+        self.reqs.append(req)
+        self.windows.append(window)
+        self.last.append(is_last)
+
+    def launch(self) -> CodecLaunch:
+        if not self.reqs:
+            return CodecLaunch.empty()
+        w = self.windows
+        return CodecLaunch(req_ids=[r.req_id for r in self.reqs], slot=_i32([r.slot for r in self.reqs]),
+                           chunk_index=_i32([x.chunk_index for x in w]), first_frame=_i32([x.first_frame for x in w]),
+                           window_end=_i32([x.window_end for x in w]), num_frames=_i32([x.num_frames for x in w]),
+                           is_last=np.asarray(self.last, dtype=np.bool_))
+
+
+def _i32(values: list[int]) -> np.ndarray:
+    return np.asarray(values, dtype=np.int32)

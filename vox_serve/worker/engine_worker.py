@@ -1,0 +1,170 @@
+"""The worker: step plans in, step results out, driving an engine through its spec alone.
+
+It knows nothing of the program but what the spec says: the step arenas by address and layout,
+the launches by handle (a graph-exec handle launched with cudaGraphLaunch, or a callable handle
+where nothing is captured: every stage on a CPU, prefill with an eager attention backend), and
+the attention planner by handle. Per step: write the plan into the current pinned host buffer
+(`rt/step_writer.py`), one host-to-device copy, plan and launch each stage, one device-to-host
+copy of the outputs. `launch(plan)` returns at once on a GPU; `collect(handle)` waits for the step
+and reads its outputs (`execute` does both). Host buffers alternate between steps, so with
+asynchronous scheduling step k+1 is written while step k runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.plan import StepPlan, StepResult
+from vox_serve.core.stages import Stage
+from vox_serve.engine.registry import resolve_planner, resolve_stage
+from vox_serve.rt.nvtx import nvtx_range
+from vox_serve.rt.step_writer import HostViews, Launch, StepReader, StepWriter
+
+_DTYPES = {"int16": np.int16, "int32": np.int32, "int64": np.int64, "float32": np.float32, "bool": np.bool_,
+           "uint8": np.uint8}
+
+
+def host_views(layout: dict[str, Any], ptr: int) -> HostViews:
+    """numpy views of an arena's fields in the buffer at `ptr` (host memory)."""
+    buf = np.ctypeslib.as_array((ctypes.c_uint8 * layout["nbytes"]).from_address(ptr))
+    return {f["name"]: buf[f["offset"]: f["offset"] + f["nbytes"]].view(_DTYPES[f["dtype"]]).reshape(f["shape"])
+            for f in layout["fields"]}
+
+
+def limits_from_spec(data: dict[str, Any]) -> EngineLimits:
+    names = {f.name for f in fields(EngineLimits)}
+    return EngineLimits(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class StepHandle:
+    plan: StepPlan
+    launches: list[Launch]
+    parity: int
+    result: StepResult | None = None  # read at launch when the device is the host (CPU)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class EngineWorker:
+    def __init__(self, spec: dict[str, Any], time_stages: bool = False, nvtx: bool = False) -> None:
+        self.spec = spec
+        self.nvtx = nvtx and spec["device"].startswith("cuda")
+        self.meta, self.limits = ProgramMeta.from_dict(spec["meta"]), limits_from_spec(spec["limits"])
+        self.on_cuda = spec["device"].startswith("cuda")
+        self.timer = "cuda" if self.on_cuda else "wall"
+        self.time_stages = time_stages
+        arenas = spec["arenas"]
+        self._in, self._out = arenas["step_in"], arenas["step_out"]
+        self.h_in = [host_views(self._in, p) for p in self._in["host_ptrs"]]
+        self.h_out = [host_views(self._out, p) for p in self._out["host_ptrs"]]
+        stages = spec["stages"]
+        self.buckets = {Stage(s): v["buckets"] for s, v in stages.items()}
+        self.launchers = self._launchers(stages)
+        offsets_in = {f["name"]: f["offset"] + f["nbytes"] for f in self._in["fields"]}
+        captured_prefill = stages["prefill"].get("captured_seqs") is not None
+        self.writer = StepWriter(self.meta, self.limits, self.buckets, captured_prefill, offsets_in.__getitem__)
+        self.reader = StepReader(self.meta, self.limits, {f["name"]: f["offset"] for f in self._out["fields"]})
+        self.plan_attention = resolve_planner(spec["attention"]["planner"])
+        self.tables = spec["slot_state"]["tables"]
+        self._steps = 0
+        self.cuda = None
+        if self.on_cuda:
+            self._setup_cuda()
+
+    def _launchers(self, stages: dict[str, Any]) -> dict[tuple[Stage, int], Any]:
+        out: dict[tuple[Stage, int], Any] = {}
+        for name, entry in stages.items():
+            for bucket, graph in entry["graphs"].items():
+                out[(Stage(name), int(bucket))] = int(graph["exec"])
+            for bucket, handle in entry["callables"].items():
+                out[(Stage(name), int(bucket))] = resolve_stage(handle)
+        return out
+
+    def _setup_cuda(self) -> None:
+        import torch
+
+        from vox_serve.worker.cuda_runtime import CudaRuntime
+
+        self.cuda = CudaRuntime()
+        device = torch.device(self.spec["device"])
+        self._torch_stream = torch.cuda.Stream(device)
+        torch.cuda.set_stream(self._torch_stream)  # FlashInfer's planners and eager stages run on it too
+        self.stream = self._torch_stream.cuda_stream
+        self._done = [self.cuda.event(timing=False) for _ in self.h_in]
+        self._events = {(p, s, edge): self.cuda.event(timing=True) for p in range(len(self.h_in)) for s in Stage
+                        for edge in (0, 1)}
+
+    # ---- a step ------------------------------------------------------------------------------
+    def execute(self, plan: StepPlan) -> StepResult:
+        return self.collect(self.launch(plan))
+
+    def launch(self, plan: StepPlan) -> StepHandle:
+        parity = self._steps % len(self.h_in)
+        self._steps += 1
+        launches, nbytes = self.writer.write(self.h_in[parity], plan)
+        handle = StepHandle(plan, launches, parity)
+        if self.cuda is not None:
+            self.cuda.copy(self._in["device_ptr"], self._in["host_ptrs"][parity], nbytes, 1, self.stream)
+        for launch in launches:
+            self._run(launch, handle)
+        if self.cuda is None:
+            handle.result = self.reader.read(self.h_out[0], plan, launches)
+            return handle
+        down = self.reader.download_bytes(launches)
+        self.cuda.copy(self._out["host_ptrs"][parity], self._out["device_ptr"], down, 2, self.stream)
+        self.cuda.record(self._done[parity], self.stream)
+        return handle
+
+    def _run(self, launch: Launch, handle: StepHandle) -> None:
+        stage = launch.stage
+        if launch.attention is not None:
+            self.plan_attention(stage, launch.attention, handle.parity)
+        run = self.launchers[(stage, launch.bucket)]
+        timed = self.time_stages and self.cuda is not None
+        if timed:
+            self.cuda.record(self._events[(handle.parity, stage, 0)], self.stream)
+        start = time.perf_counter()
+        with nvtx_range(f"{stage}[{launch.bucket}]", self.nvtx):
+            if isinstance(run, int):
+                self.cuda.launch(run, self.stream)
+            else:
+                run(launch.num_seqs)
+        if timed:
+            self.cuda.record(self._events[(handle.parity, stage, 1)], self.stream)
+        elif self.cuda is None:
+            handle.seconds[str(stage)] = time.perf_counter() - start
+
+    def collect(self, handle: StepHandle) -> StepResult:
+        if handle.result is None:
+            self.cuda.synchronize(self._done[handle.parity])
+            handle.result = self.reader.read(self.h_out[handle.parity], handle.plan, handle.launches)
+            if self.time_stages:
+                e = self._events
+                handle.seconds = {str(x.stage): self.cuda.elapsed_ms(e[(handle.parity, x.stage, 0)],
+                                                                     e[(handle.parity, x.stage, 1)]) / 1000
+                                  for x in handle.launches}
+        handle.result.stage_seconds = handle.seconds
+        return handle.result
+
+    # ---- outputs for recording (tests, debugging) ----------------------------------------------
+    def read_outputs(self, slot: int, num_tokens: int, num_codes: int) -> tuple[list[list[int]], list[int]]:
+        """The slot's first `num_tokens` token rows and `num_codes` codes, copied from the device."""
+        tokens = self._read_table("tokens")[slot, :num_tokens]
+        codes = self._read_table("codes")[slot, :num_codes]
+        return tokens.tolist(), codes.tolist()
+
+    def _read_table(self, name: str) -> np.ndarray:
+        t = self.tables[name]
+        if self.cuda is None:
+            buf = np.ctypeslib.as_array((ctypes.c_uint8 * t["nbytes"]).from_address(t["ptr"]))
+            return buf.view(_DTYPES[t["dtype"]]).reshape(t["shape"])
+        out = np.empty(t["shape"], dtype=_DTYPES[t["dtype"]])
+        self.cuda.copy(out.ctypes.data, t["ptr"], t["nbytes"], 2, self.stream)
+        self.cuda.stream_synchronize(self.stream)
+        return out
