@@ -283,7 +283,8 @@ def test_decode_cuda_graph_equals_eager() -> None:
     statics = (q, k, v, *vars(step.bufs).values())
     news = (long_step.q, long_step.k, long_step.v, *vars(long_step.bufs).values())
     for static, new in zip(statics, news, strict=True):
-        static.copy_(new)
+        if static is not None:  # the host-planner fields are unused by the torch backend
+            static.copy_(new)
     backend.plan(long_step.plan, plan_inputs(step.bufs))
     before = backend.kv_caches[LAYER].clone()
     graph.replay()

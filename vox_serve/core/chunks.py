@@ -12,6 +12,9 @@ streaming decoders do; frames without lookahead are never emitted).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from vox_serve.core.meta import ProgramMeta
 
@@ -47,11 +50,14 @@ class ChunkGeometry:
     def window(self) -> int:
         return self.lookback + self.frames_per_chunk + self.lookahead
 
-    def emitted(self, index: int) -> tuple[int, int]:
-        """[start, end) of the frames a full chunk `index` emits."""
+    def emitted(self, index: Any) -> tuple[Any, Any]:
+        """[start, end) of the frames a full chunk `index` emits (ints for an int, arrays for an array)."""
         first = self.first_frames or self.frames_per_chunk
-        start = self.skip + (0 if index == 0 else first + (index - 1) * self.frames_per_chunk)
-        return start, start + (first if index == 0 else self.frames_per_chunk)
+        index = np.asarray(index, dtype=np.int64)
+        later = index > 0
+        start = self.skip + np.where(later, first + (index - 1) * self.frames_per_chunk, 0)
+        end = start + np.where(later, self.frames_per_chunk, first)
+        return (int(start), int(end)) if index.ndim == 0 else (start, end)
 
     def chunk(self, index: int, num_frames: int, final: bool) -> ChunkWindow | None:
         """Chunk `index` if it can be decoded with `num_frames` frames generated, else None."""

@@ -96,6 +96,18 @@ class PagePool:
         self._owned.setdefault(owner, []).extend(new_pages)
         return new_pages
 
+    def extend_each(self, owners: list[Hashable]) -> list[int]:
+        """One more page for each owner (existing owners; at most one entry each), in order; the pages
+        handed out are the ones successive `reserve` calls would give. OutOfPages if too few are free."""
+        n = len(owners)
+        if n > len(self._free):
+            raise OutOfPages(f"{n} owners need a page each, only {len(self._free)} free")
+        pages = self._free[len(self._free) - n:][::-1]
+        del self._free[len(self._free) - n:]
+        for owner, page in zip(owners, pages, strict=True):
+            self._owned[owner].append(page)
+        return pages
+
     def free(self, owner: Hashable) -> int:
         """Return all of `owner`'s pages to the pool; unknown owners are a no-op returning 0."""
         owned = self._owned.pop(owner, None)

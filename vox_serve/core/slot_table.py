@@ -108,12 +108,12 @@ class SlotTable:
         slots = np.flatnonzero(self.state == state)
         return slots[np.argsort(self.admit_rank[slots], kind="stable")]
 
-    def set_next_chunk(self, slot: int, index: int) -> None:
-        """Record the slot's next audio chunk and the frames it needs."""
-        self.next_chunk[slot] = index
-        start, end = self.geometry.emitted(index)
-        self.chunk_start[slot] = start
-        self.chunk_need[slot] = end + self.geometry.lookahead
+    def set_next_chunk(self, slots: np.ndarray | int, index: np.ndarray | int) -> None:
+        """Record the slots' next audio chunks and the frames they need."""
+        self.next_chunk[slots] = index
+        start, end = self.geometry.emitted(np.asarray(index, dtype=np.int64))
+        self.chunk_start[slots] = start
+        self.chunk_need[slots] = end + self.geometry.lookahead
 
     def num_frames(self, slots: np.ndarray) -> np.ndarray:
         return self.num_codes[slots] // self.geometry.codes_per_frame

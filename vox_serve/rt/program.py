@@ -90,7 +90,7 @@ class Program(ABC):
         slots = st.slots(a["admit_slot"])
         for name in SAMPLING_FIELDS:
             st[name][slots] = a[f"admit_{name}"]
-        st.num_codes[slots] = 0
+        st.num_codes.index_fill_(0, slots, 0)
         for f in self.meta.layout.slot_fields:
             st[f.name][slots] = a[f"admit_{f.name}"]
             st[f"{f.name}_len"][slots] = a[f"admit_{f.name}_len"]

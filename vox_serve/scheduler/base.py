@@ -86,9 +86,7 @@ class Scheduler:
         self._free_later: dict[str, int] = {}  # ended request -> the step in flight that still writes its pages
         self._planned = np.zeros(limits.slots, dtype=np.bool_)  # slots with an LM row in the plan being made
         self._running = _EMPTY  # running slots in admission order, at the start of the plan being made
-        self._page_slot: list[int] = []
-        self._page_index: list[int] = []
-        self._page_id: list[int] = []
+        self._pages: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (slot, index, page) of the plan
         self._admits: list = []
         self._codec_rows = CodecRows()
 
@@ -171,7 +169,7 @@ class Scheduler:
         self.notes = []
         self._planned[:] = False
         self._running = self.table.slots_in(SlotState.RUNNING)
-        self._page_slot, self._page_index, self._page_id, self._admits = [], [], [], []
+        self._pages, self._admits = [], []
         self._codec_rows = CodecRows()
         plan = StepPlan(self.step_id)
         self.select_codec()
@@ -179,9 +177,9 @@ class Scheduler:
         plan.prefill = self.select_prefill().launch()
         plan.decode = self.select_decode()
         plan.admits = self._admits
-        i32 = np.int32
-        plan.pages = PageUpdates(np.asarray(self._page_slot, dtype=i32), np.asarray(self._page_index, dtype=i32),
-                                 np.asarray(self._page_id, dtype=i32))
+        if self._pages:
+            columns = zip(*self._pages, strict=True)
+            plan.pages = PageUpdates(*(np.concatenate(column).astype(np.int32) for column in columns))
         self._record_flight(plan)
         return plan
 
@@ -219,42 +217,63 @@ class Scheduler:
     def take_chunks(self, reqs: Iterable[Request], why: str | Callable[[Request], str],
                     room: int | None = None) -> int:
         """Plan ready chunks of `reqs` in that order, at most `room` more (default: up to the codec batch
-        limit); returns how many were planned.
+        limit); returns how many requests got chunks.
 
         A stateless codec may decode several chunks of one request in one batch (in order); a
         stateful one gets at most one per request, since each chunk advances the request's state.
         """
         rows = self._codec_rows
         limit = self.limits.max_codec_batch if room is None else min(len(rows) + room, self.limits.max_codec_batch)
-        before = len(rows)
-        for req in reqs:
-            if len(rows) >= limit:
-                break
-            if self._chunk_rows(req, limit - len(rows)):
+        reqs = list(reqs)
+        slots = np.fromiter((r.slot for r in reqs), dtype=np.int64, count=len(reqs))
+        count, is_final = self._ready_chunks(slots)
+        take = np.minimum(count, np.maximum(limit - len(rows) - (np.cumsum(count) - count), 0))
+        if take.any():
+            rows.add(self.table, np.repeat(slots, take), self._take_chunks(slots, take, take == count, is_final))
+        for req, n in zip(reqs, take.tolist(), strict=True):
+            if n:
                 self.reasons["codec"][req.req_id] = why if isinstance(why, str) else why(req)
-        return len(rows) - before
+        return int((take > 0).sum())
+
+    def _ready_chunks(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(chunks ready now, whether the last of them is a draining request's final one) per slot.
+
+        Chunk i needs `skip + first + lookahead + i * frames_per_chunk` frames (core/chunks.py); after the
+        full ones, a draining request has a shorter final chunk while frames remain that have lookahead.
+        """
+        t, g = self.table, self.geometry
+        frames, nxt = t.num_frames(slots), t.next_chunk[slots]
+        base = g.skip + (g.first_frames or g.frames_per_chunk) + g.lookahead
+        full = np.maximum((frames - base) // g.frames_per_chunk + 1 - nxt, 0)
+        start, _ = g.emitted(nxt + full)
+        short = (t.state[slots] == SlotState.DRAINING) & (frames - g.lookahead > start)
+        count = full + short
+        if self.meta.stateful_codec:
+            count = np.minimum(count, 1)
+        no_more = (t.state[slots] == SlotState.DRAINING) & (count == full + short)
+        return count, no_more
+
+    def _take_chunks(self, slots: np.ndarray, take: np.ndarray, all_taken: np.ndarray,
+                     no_more: np.ndarray) -> dict[str, np.ndarray]:
+        """Codec row columns of the next `take[i]` chunks of each slot; advances their next chunk."""
+        t, g = self.table, self.geometry
+        nxt = t.next_chunk[slots]
+        offsets = np.arange(int(take.sum())) - np.repeat(np.cumsum(take) - take, take)
+        index = np.repeat(nxt, take) + offsets
+        start, full_end = g.emitted(index)
+        frames = np.repeat(t.num_frames(slots), take)
+        end = np.where(frames >= full_end + g.lookahead, full_end, frames - g.lookahead)  # a short final chunk
+        last_row = offsets == np.repeat(take, take) - 1
+        t.set_next_chunk(slots, nxt + take)
+        return {"chunk_index": index, "first_frame": start - g.lookback, "window_end": end + g.lookahead,
+                "num_frames": end - start, "is_last": last_row & np.repeat(all_taken & no_more, take)}
 
     @property
     def num_planned_chunks(self) -> int:
         return len(self._codec_rows)
 
     def has_ready_chunk(self, req: Request) -> bool:
-        return self._window(req, req.next_chunk) is not None
-
-    def _window(self, req: Request, index: int):  # noqa: ANN202
-        num_frames = req.num_codes // self.geometry.codes_per_frame
-        return self.geometry.chunk(index, num_frames, final=req.status is RequestStatus.DRAINING)
-
-    def _chunk_rows(self, req: Request, room: int) -> int:
-        if self.meta.stateful_codec:
-            room = min(room, 1)
-        n = 0
-        while n < room and (window := self._window(req, req.next_chunk)) is not None:
-            self.table.set_next_chunk(req.slot, window.chunk_index + 1)
-            is_last = req.status is RequestStatus.DRAINING and self._window(req, req.next_chunk) is None
-            self._codec_rows.add(req, window, is_last)
-            n += 1
-        return n
+        return req.slot is not None and bool(self.table.ready(np.asarray([req.slot]))[0])
 
     # ---- prefill and admission -----------------------------------------------------------
     def select_prefill(self) -> PrefillRows:
@@ -346,11 +365,16 @@ class Scheduler:
         have = self.pool.num_tokens_capacity(req.req_id) // self.pool.page_size
         new = self.pool.reserve(req.req_id, kv_len)
         slot = req.slot
-        self._page_slot.extend([slot] * len(new))
-        self._page_index.extend(range(have, have + len(new)))
-        self._page_id.extend(new)
+        self._pages.append((np.full(len(new), slot), np.arange(have, have + len(new)), np.asarray(new)))
         self.table.capacity[slot] = (have + len(new)) * self.pool.page_size
         return True
+
+    def _one_page_each(self, slots: np.ndarray) -> None:
+        """The next page of each slot's request, all at once (there are enough free pages)."""
+        t, ps = self.table, self.pool.page_size
+        pages = self.pool.extend_each(t.req_ids[slots].tolist())
+        self._pages.append((slots, t.capacity[slots] // ps, np.asarray(pages)))
+        t.capacity[slots] += ps
 
     # ---- decode --------------------------------------------------------------------------
     def decode_candidates(self) -> np.ndarray:
@@ -396,6 +420,9 @@ class Scheduler:
             block, rest = rest[:room], rest[room:]
             needs = np.flatnonzero(t.num_computed[block] + 1 > t.capacity[block])
             self._planned[block] = True  # protected from preemption, unless a page is found missing below
+            if len(needs) <= self.pool.num_free:  # no preemption: one allocation for them all
+                self._one_page_each(block[needs])
+                needs = needs[:0]
             for i in needs:
                 self._planned[block[i]] = False
                 self._planned[block[i]] = self._page_for(t.requests[block[i]], block[i + 1:])
@@ -502,7 +529,10 @@ class Scheduler:
         """Draining requests with no chunk left, and none on the device, are finished."""
         t = self.table
         slots = np.flatnonzero(t.state == SlotState.DRAINING)
-        done = slots[~t.ready(slots) & ~np.isin(t.codec_step[slots], list(self._flights))]  # none left or on the device
+        decoding = np.zeros(len(slots), dtype=np.bool_)  # a chunk still on the device
+        for step in self._flights:
+            decoding |= t.codec_step[slots] == step
+        done = slots[~t.ready(slots) & ~decoding]
         for req in t.requests[done]:
             self._end(req, RequestStatus.FINISHED, req.finish_reason)
 

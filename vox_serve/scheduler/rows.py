@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vox_serve.core.chunks import ChunkWindow
 from vox_serve.core.meta import ProgramMeta
 from vox_serve.core.plan import ABSENT_ID, CodecLaunch, LmLaunch, SlotInit
 from vox_serve.core.request import Request
@@ -100,26 +99,26 @@ def decode_launch(meta: ProgramMeta, table: SlotTable, slots: np.ndarray, starts
 
 @dataclass
 class CodecRows:
-    reqs: list[Request] = field(default_factory=list)
-    windows: list[ChunkWindow] = field(default_factory=list)
-    last: list[bool] = field(default_factory=list)
+    """Codec rows collected in batches of columns (a step's chunks, chosen per round of requests)."""
+
+    req_ids: list[str] = field(default_factory=list)
+    parts: list[tuple[np.ndarray, dict[str, np.ndarray]]] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.reqs)
+        return len(self.req_ids)
 
-    def add(self, req: Request, window: ChunkWindow, is_last: bool) -> None:
-        self.reqs.append(req)
-        self.windows.append(window)
-        self.last.append(is_last)
+    def add(self, table: SlotTable, slots: np.ndarray, columns: dict[str, np.ndarray]) -> None:
+        self.req_ids += table.req_ids[slots].tolist()
+        self.parts.append((slots, columns))
 
     def launch(self) -> CodecLaunch:
-        if not self.reqs:
+        if not self.req_ids:
             return CodecLaunch.empty()
-        w = self.windows
-        return CodecLaunch(req_ids=[r.req_id for r in self.reqs], slot=_i32([r.slot for r in self.reqs]),
-                           chunk_index=_i32([x.chunk_index for x in w]), first_frame=_i32([x.first_frame for x in w]),
-                           window_end=_i32([x.window_end for x in w]), num_frames=_i32([x.num_frames for x in w]),
-                           is_last=np.asarray(self.last, dtype=np.bool_))
+        cat = lambda name: np.concatenate([c[name] for _, c in self.parts]).astype(np.int32)  # noqa: E731
+        return CodecLaunch(req_ids=self.req_ids, slot=np.concatenate([s for s, _ in self.parts]).astype(np.int32),
+                           chunk_index=cat("chunk_index"), first_frame=cat("first_frame"),
+                           window_end=cat("window_end"), num_frames=cat("num_frames"),
+                           is_last=np.concatenate([c["is_last"] for _, c in self.parts]))
 
 
 def _i32(values: list[int]) -> np.ndarray:
