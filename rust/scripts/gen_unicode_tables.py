@@ -1,8 +1,12 @@
 """Generate rust/src/tokenizer/unicode_tables.rs from Python's unicodedata.
 
 No Unicode crate is packaged for our offline builds, so the tokenizer's character classes and NFC
-tables are generated here. Run from the repository root:
+tables are generated here, from `unicodedata2` (the same module for newer Unicode versions) pinned
+to Unicode 16.0: the version of the Oniguruma regex tables in HF tokenizers 0.23, whose split
+classes the tokenizer must reproduce (Python 3.11's own unicodedata is Unicode 14.0). Run from the
+repository root:
 
+    pip install unicodedata2==16.0.0
     python rust/scripts/gen_unicode_tables.py > rust/src/tokenizer/unicode_tables.rs
 
 Tables (code point ranges are inclusive):
@@ -18,7 +22,8 @@ Tables (code point ranges are inclusive):
 from __future__ import annotations
 
 import sys
-import unicodedata
+
+import unicodedata2 as unicodedata
 
 MAX = 0x110000
 INFO_SEPARATORS = range(0x1C, 0x20)

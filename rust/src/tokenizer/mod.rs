@@ -61,9 +61,9 @@ impl Encoding {
 }
 
 impl Tokenizer {
+    /// Distinct tokens: the vocabulary and the added tokens it lacks (HF's `get_vocab_size()`).
     pub fn vocab_size(&self) -> usize {
-        let added_max = self.added.tokens.iter().map(|t| t.id as usize + 1).max().unwrap_or(0);
-        self.bpe.vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0).max(added_max)
+        self.bpe.vocab.len() + self.added.tokens.iter().filter(|t| !self.bpe.vocab.contains_key(&t.content)).count()
     }
 
     /// The id of a token string (an added token or a vocabulary entry).

@@ -71,7 +71,7 @@ const HANGUL_T_COUNT: u32 = 28;
 const HANGUL_N: u32 = HANGUL_V_COUNT * HANGUL_T_COUNT;
 const HANGUL_COUNT: u32 = 19 * HANGUL_N;
 
-/// One normalised character and the range of original characters it came from.
+/// One normalised character and the range of original characters it is aligned to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Aligned {
     pub c: char,
@@ -79,29 +79,38 @@ pub struct Aligned {
     pub end: usize,
 }
 
-fn decompose_into(c: char, source: usize, out: &mut Vec<Aligned>) {
+/// A character of the normalisation in progress and its change in length, as HF tokenizers'
+/// `unicode-normalization-alignments` counts it: 0 replaces one original character, +1 is
+/// inserted (a decomposition's further characters), -n also consumes n more originals.
+#[derive(Debug, Clone, Copy)]
+struct Changed {
+    c: char,
+    change: isize,
+}
+
+fn decompose_into(c: char, first: bool, out: &mut Vec<Changed>) {
     let cp = c as u32;
-    let push = |out: &mut Vec<Aligned>, cp: u32| {
-        out.push(Aligned { c: char::from_u32(cp).unwrap_or(c), start: source, end: source + 1 })
+    let mut push = |cp: u32, first: bool| {
+        out.push(Changed { c: char::from_u32(cp).unwrap_or(c), change: if first { 0 } else { 1 } })
     };
     if (HANGUL_S..HANGUL_S + HANGUL_COUNT).contains(&cp) {
         let s = cp - HANGUL_S;
-        push(out, HANGUL_L + s / HANGUL_N);
-        push(out, HANGUL_V + (s % HANGUL_N) / HANGUL_T_COUNT);
+        push(HANGUL_L + s / HANGUL_N, first);
+        push(HANGUL_V + (s % HANGUL_N) / HANGUL_T_COUNT, false);
         if s % HANGUL_T_COUNT != 0 {
-            push(out, HANGUL_T + s % HANGUL_T_COUNT);
+            push(HANGUL_T + s % HANGUL_T_COUNT, false);
         }
         return;
     }
     match tables::DECOMPOSITION.binary_search_by_key(&cp, |&(k, _, _)| k) {
         Ok(i) => {
-            let (_, first, second) = tables::DECOMPOSITION[i];
-            decompose_into(char::from_u32(first).unwrap_or(c), source, out);
-            if second != 0 {
-                decompose_into(char::from_u32(second).unwrap_or(c), source, out);
+            let (_, head, tail) = tables::DECOMPOSITION[i];
+            decompose_into(char::from_u32(head).unwrap_or(c), first, out);
+            if tail != 0 {
+                decompose_into(char::from_u32(tail).unwrap_or(c), false, out);
             }
         }
-        Err(_) => out.push(Aligned { c, start: source, end: source + 1 }),
+        Err(_) => push(cp, first),
     }
 }
 
@@ -126,19 +135,28 @@ pub fn is_nfc_quick(text: &str) -> bool {
     text.chars().all(|c| (c as u32) < 0x300)
 }
 
-/// NFC of `chars` (indices into the original text start at `base`), each output character with
-/// the original range it came from: a composed character spans its parts.
+/// NFC of `text`, whose first character is original character `base`, each output character
+/// aligned as HF tokenizers aligns it: by position in the original, counting the changes.
 pub fn nfc_aligned(text: &str, base: usize) -> Vec<Aligned> {
     let mut seq = Vec::with_capacity(text.len());
-    for (i, c) in text.chars().enumerate() {
-        decompose_into(c, base + i, &mut seq);
+    for c in text.chars() {
+        decompose_into(c, true, &mut seq);
     }
     reorder(&mut seq);
-    compose(seq)
+    let mut offset = 0usize;
+    let mut out = Vec::with_capacity(seq.len());
+    for Changed { c, change } in compose(seq) {
+        let at = if change > 0 { offset.saturating_sub(1) } else { offset };
+        out.push(Aligned { c, start: base + at, end: base + at + 1 });
+        if change <= 0 {
+            offset += 1 + change.unsigned_abs();
+        }
+    }
+    out
 }
 
 /// Canonical ordering: stable sort of every run of non-starters by combining class.
-fn reorder(seq: &mut [Aligned]) {
+fn reorder(seq: &mut [Changed]) {
     let mut i = 0;
     while i < seq.len() {
         if ccc(seq[i].c) == 0 {
@@ -153,9 +171,10 @@ fn reorder(seq: &mut [Aligned]) {
     }
 }
 
-/// Canonical composition (UAX #15): each character joins the last starter unless blocked.
-fn compose(seq: Vec<Aligned>) -> Vec<Aligned> {
-    let mut out: Vec<Aligned> = Vec::with_capacity(seq.len());
+/// Canonical composition (UAX #15): each character joins the last starter unless blocked; a
+/// composite's change is its parts' changes minus one.
+fn compose(seq: Vec<Changed>) -> Vec<Changed> {
+    let mut out: Vec<Changed> = Vec::with_capacity(seq.len());
     let mut starter: Option<usize> = None;
     let mut last_ccc: i32 = -1;
     for item in seq {
@@ -164,10 +183,7 @@ fn compose(seq: Vec<Aligned>) -> Vec<Aligned> {
             let blocked = last_ccc != -1 && (last_ccc == 0 || last_ccc >= class);
             if !blocked {
                 if let Some(composite) = compose_pair(out[s].c, item.c) {
-                    let head = &mut out[s];
-                    head.c = composite;
-                    head.start = head.start.min(item.start);
-                    head.end = head.end.max(item.end);
+                    out[s] = Changed { c: composite, change: out[s].change + item.change - 1 };
                     continue;
                 }
             }
@@ -196,8 +212,9 @@ mod tests {
         assert_eq!(nfc("e\u{301}"), "\u{e9}");
         assert_eq!(nfc("\u{1100}\u{1161}\u{11A8}"), "\u{AC01}");
         assert_eq!(nfc("\u{212B}"), "\u{C5}"); // singleton decomposition (Angstrom sign)
-        let aligned = nfc_aligned("ae\u{301}", 5);
-        assert_eq!(aligned[1], Aligned { c: '\u{e9}', start: 6, end: 8 });
+        let aligned = nfc_aligned("ae\u{301}b", 5);
+        assert_eq!(aligned[1], Aligned { c: '\u{e9}', start: 6, end: 7 });
+        assert_eq!(aligned[2], Aligned { c: 'b', start: 8, end: 9 });
     }
 
     #[test]
