@@ -16,6 +16,8 @@ struct PyPlanner {
     float_bytes: u64,
     int_addr: u64,
     host_int: Vec<u8>,
+    /// Bytes the last plan wrote: cleared before the next, so alignment gaps read as zeros.
+    last_upload: usize,
 }
 
 fn finish<'py>(py: Python<'py>, host: &[u8], plan: Result<Plan, String>) -> PyResult<(Vec<i64>, &'py PyBytes)> {
@@ -46,6 +48,7 @@ impl PyPlanner {
             float_bytes: float_workspace_bytes,
             int_addr: int_workspace_addr,
             host_int: vec![0; int_workspace_bytes],
+            last_upload: 0,
         })
     }
 
@@ -85,9 +88,12 @@ type PlanFn<'a> = dyn FnOnce(&PlannerDevice, &AttentionShape, &mut Workspace) ->
 
 impl PyPlanner {
     fn plan(&mut self, run: Box<PlanFn<'_>>) -> Result<Plan, String> {
+        self.host_int[..self.last_upload].fill(0);
         let mut ws = Workspace { float_addr: self.float_addr, float_bytes: self.float_bytes, int_addr: self.int_addr,
                                  host_int: &mut self.host_int };
-        run(&self.device, &self.shape, &mut ws)
+        let plan = run(&self.device, &self.shape, &mut ws);
+        self.last_upload = plan.as_ref().map_or(self.host_int.len(), |p| p.upload_bytes.min(self.host_int.len()));
+        plan
     }
 }
 
