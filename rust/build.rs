@@ -20,9 +20,6 @@ fn main() {
     for path in ["kernels/sampling.cu", "shim/planner.cu", "build.rs"] {
         println!("cargo:rerun-if-changed={path}");
     }
-    // Declared for rustc's check-cfg lints (newer toolchains); older ones ignore the line.
-    println!("cargo:rustc-check-cfg=cfg(vox_kernels)");
-    println!("cargo:rustc-check-cfg=cfg(vox_planner)");
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
     let nvcc = find_nvcc();
     match &nvcc {
@@ -110,7 +107,9 @@ fn flashinfer_headers() -> Option<(PathBuf, String)> {
                   spec = importlib.util.find_spec('flashinfer')\n\
                   print(os.path.join(os.path.dirname(spec.origin), 'data', 'include'))\n\
                   print(importlib.metadata.version('flashinfer-python'))\n";
-    let output = Command::new(python).args(["-c", script]).output().ok()?;
+    // -I: pip builds wheels in an isolated environment (PYTHONPATH hides the installed packages);
+    // the interpreter's own site-packages hold the flashinfer-python the build is meant to use.
+    let output = Command::new(python).args(["-I", "-c", script]).output().ok()?;
     let text = String::from_utf8_lossy(&output.stdout).to_string();
     let mut lines = text.lines();
     if let Some(site) = lines.next() {
