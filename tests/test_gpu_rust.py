@@ -10,25 +10,11 @@ import random
 import pytest
 import torch
 from rust_helpers import require_kernels, require_planner, require_rt
+from sampling_helpers import random_case, random_params, to_cuda
 
 from vox_serve.rt import kernels, rust_ops, triton_ops
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")]
-
-
-def _params(rows: int, gen: torch.Generator, greedy_rows: int = 32) -> kernels.SamplingTensors:
-    params = kernels.SamplingTensors(
-        temperature=torch.rand(rows, generator=gen) * 1.5, top_k=torch.randint(0, 60, (rows,), generator=gen),
-        top_p=torch.rand(rows, generator=gen) * 0.5 + 0.5, min_p=torch.rand(rows, generator=gen) * 0.1,
-        repetition_penalty=torch.rand(rows, generator=gen) + 1.0,
-        seed=torch.randint(-2**40, 2**40, (rows,), generator=gen),
-        offset=torch.randint(0, 10**6, (rows,), generator=gen))
-    params.temperature[:greedy_rows] = 0.0
-    return params
-
-
-def _cuda(params: kernels.SamplingTensors) -> kernels.SamplingTensors:
-    return kernels.SamplingTensors(**{k: v.cuda() for k, v in vars(params).items()})
 
 
 def _rust_sample(logits: torch.Tensor, p: kernels.SamplingTensors, history: torch.Tensor | None,
@@ -102,19 +88,14 @@ def test_rust_hash_uniforms_are_bit_identical() -> None:
 def test_rust_sampler_draws_the_reference_tokens(vocab: int) -> None:
     require_kernels()
     gen = torch.Generator().manual_seed(vocab)
-    rows = 256
-    logits = torch.randn(rows, vocab, generator=gen) * 3
-    allowed = torch.rand(rows, vocab, generator=gen) > 0.1
-    allowed[:, 0] = True
-    history = torch.randint(-1, vocab, (rows, 16), generator=gen)
-    params = _params(rows, gen)
+    logits, allowed, history, params = random_case(256, vocab, gen)
     ref = kernels.sample(logits, params, history, allowed)
-    got = _rust_sample(logits.cuda(), _cuda(params), history.cuda(), allowed.cuda()).cpu()
+    got = _rust_sample(logits.cuda(), to_cuda(params), history.cuda(), allowed.cuda()).cpu()
     assert torch.equal(got[:32], ref[:32])  # greedy rows are exact
     assert (got == ref).float().mean().item() >= 0.98  # near-ties may resolve differently in the last bits
     if triton_ops.triton is not None and vocab <= triton_ops.MAX_SAMPLE_VOCAB:
         penalised = kernels.apply_repetition_penalty(logits.cuda(), history.cuda(), params.repetition_penalty.cuda())
-        cp = _cuda(params)
+        cp = to_cuda(params)
         fused = triton_ops.sample(penalised, allowed.cuda(), cp.temperature, cp.top_k, cp.top_p, cp.min_p, cp.seed,
                                   cp.offset, kernels._SALT_UNIFORM).cpu()
         assert (got == fused).float().mean().item() >= 0.98
@@ -125,7 +106,7 @@ def test_rust_sampler_rows_are_independent_and_repeatable() -> None:
     require_kernels()
     gen = torch.Generator().manual_seed(1)
     logits = (torch.randn(64, 3072, generator=gen) * 2).cuda()
-    params = _cuda(_params(64, gen, greedy_rows=0))
+    params = to_cuda(random_params(64, gen, greedy_rows=0))
     whole = _rust_sample(logits, params, None, None)
     assert torch.equal(whole, _rust_sample(logits, params, None, None))
     order = torch.randperm(64, generator=gen).cuda()
@@ -139,10 +120,10 @@ def test_dispatch_prefers_the_rust_kernels_on_cuda(monkeypatch: pytest.MonkeyPat
     real = rust_ops.sample
     monkeypatch.setattr(rust_ops, "sample", lambda *a, **k: calls.append(1) or real(*a, **k))
     gen = torch.Generator().manual_seed(2)
-    kernels.sample(torch.randn(4, 100, generator=gen).cuda(), _cuda(_params(4, gen)))
+    kernels.sample(torch.randn(4, 100, generator=gen).cuda(), to_cuda(random_params(4, gen)))
     assert calls == [1]
     monkeypatch.setenv("VOX_RUST_KERNELS", "0")
-    kernels.sample(torch.randn(4, 100, generator=gen).cuda(), _cuda(_params(4, gen)))
+    kernels.sample(torch.randn(4, 100, generator=gen).cuda(), to_cuda(random_params(4, gen)))
     assert calls == [1]
 
 
@@ -153,7 +134,7 @@ def test_rust_sampler_inside_a_cuda_graph() -> None:
     rows, vocab = 16, 3072
     logits = (torch.randn(rows, vocab, generator=gen) * 2).cuda()
     history = torch.randint(-1, vocab, (rows, 8), generator=gen).cuda()
-    params = _cuda(_params(rows, gen, greedy_rows=4))
+    params = to_cuda(random_params(rows, gen, greedy_rows=4))
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         _rust_sample(logits, params, history, None)  # warm-up: loads the kernels outside the capture
@@ -178,6 +159,20 @@ def _paged_batch(gen: random.Random, batch: int, page_size: int, max_pages: int)
     for n in pages:
         indptr.append(indptr[-1] + n)
     return indptr, [gen.randint(1, page_size) for _ in range(batch)]
+
+
+def _decode_wrapper(cuda_graph: bool, use_tensor_cores: bool, max_batch: int):  # noqa: ANN202
+    """FlashInfer's decode wrapper; in graph mode with static CSR buffers for `max_batch` rows."""
+    import flashinfer
+
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+    extra = {}
+    if cuda_graph:
+        extra = dict(paged_kv_indptr_buffer=torch.zeros(max_batch + 1, dtype=torch.int32, device="cuda"),
+                     paged_kv_indices_buffer=torch.zeros(max_batch * 512, dtype=torch.int32, device="cuda"),
+                     paged_kv_last_page_len_buffer=torch.zeros(max_batch, dtype=torch.int32, device="cuda"))
+    return flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=cuda_graph,
+                                                         use_tensor_cores=use_tensor_cores, **extra)
 
 
 def _shim_for(wrapper, num_qo: int, num_kv: int, head_dim: int, page_size: int, blocks_per_sm: int = 1):  # noqa: ANN001, ANN202
@@ -209,18 +204,9 @@ def _same_plan(ours: tuple[list[int], bytes], theirs: tuple[list[int], bytes]) -
 @pytest.mark.parametrize("heads", [(24, 8), (16, 8)])  # Orpheus and Qwen3-TTS: CUDA-core decode kernels
 def test_decode_planner_equals_flashinfers(cuda_graph: bool, heads: tuple[int, int]) -> None:
     require_planner()
-    import flashinfer
-
     num_qo, num_kv = heads
-    head_dim, page_size, max_batch = 128, 16, 64
-    ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
-    extra = {}
-    if cuda_graph:
-        extra = dict(paged_kv_indptr_buffer=torch.zeros(max_batch + 1, dtype=torch.int32, device="cuda"),
-                     paged_kv_indices_buffer=torch.zeros(max_batch * 512, dtype=torch.int32, device="cuda"),
-                     paged_kv_last_page_len_buffer=torch.zeros(max_batch, dtype=torch.int32, device="cuda"))
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=cuda_graph,
-                                                            use_tensor_cores=False, **extra)
+    head_dim, page_size = 128, 16
+    wrapper = _decode_wrapper(cuda_graph, use_tensor_cores=False, max_batch=64)
 
     def plan(indptr: list[int], last: list[int]) -> tuple[list[int], bytes]:
         indices = torch.arange(indptr[-1], dtype=torch.int32, device="cuda")
@@ -286,17 +272,8 @@ def test_tensor_core_decode_uses_the_prefill_planner(cuda_graph: bool) -> None:
     """Decode with tensor cores (GQA groups >= 4) is planned by FA2's prefill planner, one query row
     per sequence."""
     require_planner()
-    import flashinfer
-
-    num_qo, num_kv, head_dim, page_size, max_batch = 32, 8, 128, 16, 32
-    ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
-    extra = {}
-    if cuda_graph:
-        extra = dict(paged_kv_indptr_buffer=torch.zeros(max_batch + 1, dtype=torch.int32, device="cuda"),
-                     paged_kv_indices_buffer=torch.zeros(max_batch * 512, dtype=torch.int32, device="cuda"),
-                     paged_kv_last_page_len_buffer=torch.zeros(max_batch, dtype=torch.int32, device="cuda"))
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=cuda_graph,
-                                                            use_tensor_cores=True, **extra)
+    num_qo, num_kv, head_dim, page_size = 32, 8, 128, 16
+    wrapper = _decode_wrapper(cuda_graph, use_tensor_cores=True, max_batch=32)
     shim = _shim_for(wrapper, num_qo, num_kv, head_dim, page_size)
     gen = random.Random(9)
     for batch in [1, 4, 32] if not cuda_graph else [32]:

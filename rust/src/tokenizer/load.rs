@@ -27,6 +27,12 @@ fn kind<'a>(obj: &'a Value, path: &str) -> Result<&'a str> {
     field(obj, "type", path)?.as_str().ok_or_else(|| format!("{path}.type: not a string"))
 }
 
+/// The items of a Sequence's list field, each with its JSON path.
+fn items<'a>(value: &'a Value, name: &str, path: &str) -> Result<Vec<(String, &'a Value)>> {
+    let list = field(value, name, path)?.as_array().ok_or_else(|| format!("{path}.{name}: not a list"))?;
+    Ok(list.iter().enumerate().map(|(i, item)| (format!("{path}.{name}[{i}]"), item)).collect())
+}
+
 fn unsupported(path: &str, what: &str) -> String {
     format!("{path}: {what} is not supported by the Rust tokenizer")
 }
@@ -71,8 +77,8 @@ fn normalizer(value: &Value, path: &str) -> Result<bool> {
         "NFC" => Ok(true),
         "Sequence" => {
             let mut nfc = false;
-            for (i, item) in field(value, "normalizers", path)?.as_array().into_iter().flatten().enumerate() {
-                nfc |= normalizer(item, &format!("{path}.normalizers[{i}]"))?;
+            for (at, item) in items(value, "normalizers", path)? {
+                nfc |= normalizer(item, &at)?;
             }
             Ok(nfc)
         }
@@ -86,8 +92,8 @@ fn pre_tokenizer(value: &Value, path: &str, steps: &mut Vec<PreStep>) -> Result<
     }
     match kind(value, path)? {
         "Sequence" => {
-            for (i, item) in field(value, "pretokenizers", path)?.as_array().into_iter().flatten().enumerate() {
-                pre_tokenizer(item, &format!("{path}.pretokenizers[{i}]"), steps)?;
+            for (at, item) in items(value, "pretokenizers", path)? {
+                pre_tokenizer(item, &at, steps)?;
             }
         }
         "Split" => {
@@ -177,8 +183,8 @@ fn post_processor(value: &Value, path: &str, tok: &mut Tokenizer) -> Result<()> 
     }
     match kind(value, path)? {
         "Sequence" => {
-            for (i, item) in field(value, "processors", path)?.as_array().into_iter().flatten().enumerate() {
-                post_processor(item, &format!("{path}.processors[{i}]"), tok)?;
+            for (at, item) in items(value, "processors", path)? {
+                post_processor(item, &at, tok)?;
             }
         }
         "ByteLevel" => {
@@ -195,8 +201,7 @@ fn post_processor(value: &Value, path: &str, tok: &mut Tokenizer) -> Result<()> 
 fn template(value: &Value, path: &str) -> Result<Vec<TemplatePiece>> {
     let specials = field(value, "special_tokens", path)?;
     let mut pieces = Vec::new();
-    for (i, item) in field(value, "single", path)?.as_array().into_iter().flatten().enumerate() {
-        let at = format!("{path}.single[{i}]");
+    for (at, item) in items(value, "single", path)? {
         if let Some(special) = item.get("SpecialToken") {
             let name = field(special, "id", &at)?.as_str().unwrap_or_default();
             let entry = specials.get(name).ok_or_else(|| format!("{at}: {name:?} is not in special_tokens"))?;
