@@ -200,71 +200,78 @@ def _same_plan(ours: tuple[list[int], bytes], theirs: tuple[list[int], bytes]) -
     return info == theirs[0] and data == theirs[1][:len(data)]
 
 
+def _prefill_wrapper(cuda_graph: bool, batch: int):  # noqa: ANN202
+    """FlashInfer's prefill wrapper (`auto` backend); in graph mode with static buffers for `batch`
+    sequences (a graph-mode wrapper serves one batch size)."""
+    import flashinfer
+
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+    extra = {}
+    if cuda_graph:
+        extra = dict(qo_indptr_buf=torch.zeros(batch + 1, dtype=torch.int32, device="cuda"),
+                     paged_kv_indptr_buf=torch.zeros(batch + 1, dtype=torch.int32, device="cuda"),
+                     paged_kv_indices_buf=torch.zeros(batch * 512, dtype=torch.int32, device="cuda"),
+                     paged_kv_last_page_len_buf=torch.zeros(batch, dtype=torch.int32, device="cuda"))
+    return flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=cuda_graph, **extra)
+
+
+def _decode_plan(wrapper, indptr: list[int], last: list[int], geometry: tuple[int, int, int, int]  # noqa: ANN001
+                 ) -> tuple[list[int], bytes]:
+    num_qo, num_kv, head_dim, page_size = geometry
+    indices = torch.arange(indptr[-1], dtype=torch.int32, device="cuda")
+    return _wrapper_plan(wrapper, lambda: wrapper.plan(
+        torch.tensor(indptr, dtype=torch.int32), indices, torch.tensor(last, dtype=torch.int32), num_qo, num_kv,
+        head_dim, page_size, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16))
+
+
 @pytest.mark.parametrize("cuda_graph", [False, True])
 @pytest.mark.parametrize("heads", [(24, 8), (16, 8)])  # Orpheus and Qwen3-TTS: CUDA-core decode kernels
 def test_decode_planner_equals_flashinfers(cuda_graph: bool, heads: tuple[int, int]) -> None:
     require_planner()
-    num_qo, num_kv = heads
-    head_dim, page_size = 128, 16
-    wrapper = _decode_wrapper(cuda_graph, use_tensor_cores=False, max_batch=64)
-
-    def plan(indptr: list[int], last: list[int]) -> tuple[list[int], bytes]:
-        indices = torch.arange(indptr[-1], dtype=torch.int32, device="cuda")
-        return _wrapper_plan(wrapper, lambda: wrapper.plan(
-            torch.tensor(indptr, dtype=torch.int32), indices, torch.tensor(last, dtype=torch.int32), num_qo, num_kv,
-            head_dim, page_size, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16))
-
+    geometry = (*heads, 128, 16)
     # The decode kernel's occupancy is the GPU's to know: find the blocks per SM that reproduce
-    # FlashInfer's plan of one long sequence, then every other plan must match with it.
-    probe = plan([0, 400], [5])
-    blocks = [b for b in range(1, 33) if _same_plan(_shim_for(wrapper, num_qo, num_kv, head_dim, page_size, b)
-                                                    .decode([0, 400], cuda_graph), probe)]
+    # FlashInfer's plan of one long sequence; every other plan must then match with it.
+    probe_wrapper = _decode_wrapper(cuda_graph, use_tensor_cores=False, max_batch=1)
+    probe = _decode_plan(probe_wrapper, [0, 400], [5], geometry)
+    blocks = [b for b in range(1, 33)
+              if _same_plan(_shim_for(probe_wrapper, *geometry, b).decode([0, 400], cuda_graph), probe)]
     assert blocks, "no occupancy reproduces FlashInfer's decode plan"
-    shim = _shim_for(wrapper, num_qo, num_kv, head_dim, page_size, blocks[0])
     gen = random.Random(7)
     for batch in [1, 2, 3, 8, 17, 33, 64]:
+        wrapper = _decode_wrapper(cuda_graph, use_tensor_cores=False, max_batch=batch)  # one per batch in a graph
+        shim = _shim_for(wrapper, *geometry, blocks[0])
         for _ in range(3):
-            indptr, last = _paged_batch(gen, batch, page_size, 300)
-            assert _same_plan(shim.decode(indptr, cuda_graph), plan(indptr, last)), (batch, indptr)
+            indptr, last = _paged_batch(gen, batch, 16, 300)
+            assert _same_plan(shim.decode(indptr, cuda_graph), _decode_plan(wrapper, indptr, last, geometry)), batch
 
 
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_prefill_planners_equal_flashinfers(cuda_graph: bool) -> None:
-    """The prefill wrapper's `auto` backend: FA2's planner, or on Hopper FA3's (PrefillSM90Plan)."""
+    """The prefill wrapper's `auto` backend: FA2's planner, or on Hopper FA3's (PrefillSM90Plan). In
+    graph mode the first plan fixes the row count that later, smaller plans are padded to."""
     require_planner()
-    import flashinfer
-
-    num_qo, num_kv, head_dim, page_size, max_batch = 16, 8, 128, 16, 16
-    ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
-    extra = {}
-    if cuda_graph:
-        extra = dict(qo_indptr_buf=torch.zeros(max_batch + 1, dtype=torch.int32, device="cuda"),
-                     paged_kv_indptr_buf=torch.zeros(max_batch + 1, dtype=torch.int32, device="cuda"),
-                     paged_kv_indices_buf=torch.zeros(max_batch * 512, dtype=torch.int32, device="cuda"),
-                     paged_kv_last_page_len_buf=torch.zeros(max_batch, dtype=torch.int32, device="cuda"))
-    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=cuda_graph, **extra)
-    shim = _shim_for(wrapper, num_qo, num_kv, head_dim, page_size)
+    num_qo, num_kv, head_dim, page_size = 16, 8, 128, 16
     gen = random.Random(8)
-    # Largest first: a graph-mode wrapper fixes its row count at the first plan.
-    for batch in [16, 5, 2, 1]:
-        qo = [0]
-        for _ in range(batch):
-            qo.append(qo[-1] + gen.randint(1, 300))
-        indptr, last = _paged_batch(gen, batch, page_size, 200)
-        if cuda_graph and wrapper._max_total_num_rows is not None and qo[-1] > wrapper._max_total_num_rows:
-            continue
-        theirs = _wrapper_plan(wrapper, lambda qo=qo, indptr=indptr, last=last: wrapper.plan(
-            torch.tensor(qo, dtype=torch.int32), torch.tensor(indptr, dtype=torch.int32),
-            torch.arange(indptr[-1], dtype=torch.int32, device="cuda"), torch.tensor(last, dtype=torch.int32),
-            num_qo, num_kv, head_dim, page_size, causal=True, q_data_type=torch.bfloat16,
-            kv_data_type=torch.bfloat16))
-        rows = wrapper._max_total_num_rows if cuda_graph else qo[-1]
-        if wrapper._backend == "fa3":
-            kv_len = [(indptr[i + 1] - indptr[i] - 1) * page_size + last[i] for i in range(batch)]
-            ours = shim.prefill_sm90(qo, indptr, kv_len, rows, causal=True, cuda_graph=cuda_graph)
-        else:
-            ours = shim.prefill(qo, indptr, rows, cuda_graph=cuda_graph)
-        assert _same_plan(ours, theirs), (wrapper._backend, batch)
+    for batch in [1, 2, 5, 16]:
+        wrapper = _prefill_wrapper(cuda_graph, batch)
+        shim = _shim_for(wrapper, num_qo, num_kv, head_dim, page_size)
+        for longest in (300, 100):  # the second plan has fewer rows than the first
+            qo = [0]
+            for _ in range(batch):
+                qo.append(qo[-1] + gen.randint(1, longest))
+            indptr, last = _paged_batch(gen, batch, page_size, 200)
+            theirs = _wrapper_plan(wrapper, lambda w=wrapper, qo=qo, indptr=indptr, last=last: w.plan(
+                torch.tensor(qo, dtype=torch.int32), torch.tensor(indptr, dtype=torch.int32),
+                torch.arange(indptr[-1], dtype=torch.int32, device="cuda"), torch.tensor(last, dtype=torch.int32),
+                num_qo, num_kv, head_dim, page_size, causal=True, q_data_type=torch.bfloat16,
+                kv_data_type=torch.bfloat16))
+            rows = wrapper._max_total_num_rows if cuda_graph else qo[-1]
+            if wrapper._backend == "fa3":
+                kv_len = [(indptr[i + 1] - indptr[i] - 1) * page_size + last[i] for i in range(batch)]
+                ours = shim.prefill_sm90(qo, indptr, kv_len, rows, causal=True, cuda_graph=cuda_graph)
+            else:
+                ours = shim.prefill(qo, indptr, rows, cuda_graph=cuda_graph)
+            assert _same_plan(ours, theirs), (wrapper._backend, batch)
 
 
 @pytest.mark.parametrize("cuda_graph", [False, True])
@@ -272,16 +279,13 @@ def test_tensor_core_decode_uses_the_prefill_planner(cuda_graph: bool) -> None:
     """Decode with tensor cores (GQA groups >= 4) is planned by FA2's prefill planner, one query row
     per sequence."""
     require_planner()
-    num_qo, num_kv, head_dim, page_size = 32, 8, 128, 16
-    wrapper = _decode_wrapper(cuda_graph, use_tensor_cores=True, max_batch=32)
-    shim = _shim_for(wrapper, num_qo, num_kv, head_dim, page_size)
+    geometry = (32, 8, 128, 16)
     gen = random.Random(9)
-    for batch in [1, 4, 32] if not cuda_graph else [32]:
-        indptr, last = _paged_batch(gen, batch, page_size, 300)
-        theirs = _wrapper_plan(wrapper, lambda indptr=indptr, last=last: wrapper.plan(
-            torch.tensor(indptr, dtype=torch.int32), torch.arange(indptr[-1], dtype=torch.int32, device="cuda"),
-            torch.tensor(last, dtype=torch.int32), num_qo, num_kv, head_dim, page_size,
-            q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16))
+    for batch in [1, 4, 32]:
+        wrapper = _decode_wrapper(cuda_graph, use_tensor_cores=True, max_batch=batch)
+        shim = _shim_for(wrapper, *geometry)
+        indptr, last = _paged_batch(gen, batch, 16, 300)
+        theirs = _decode_plan(wrapper, indptr, last, geometry)
         assert wrapper._backend == "fa2"
         ours = shim.prefill(list(range(batch + 1)), indptr, batch, cuda_graph=cuda_graph)
         assert _same_plan(ours, theirs), batch

@@ -76,7 +76,9 @@ def sample(logits: Tensor, allowed: Tensor | None, history: Tensor | None, repet
         raise ValueError(f"the Rust sampler takes vocabularies up to {MAX_SAMPLE_VOCAB} ids, not {vocab}")
     # Kept referenced until the launch is queued; PyTorch's allocator orders their reuse on the stream.
     x = logits.float().contiguous()
-    mask = allowed.to(torch.uint8).contiguous() if allowed is not None else None
+    # A bool mask is read as bytes in place (no conversion kernel).
+    mask = None if allowed is None else (allowed if allowed.dtype in (torch.bool, torch.uint8) else allowed != 0)
+    mask = mask.contiguous() if mask is not None else None
     hist = history.to(torch.int64).contiguous() if history is not None and history.shape[1] else None
     params = [p.contiguous() for p in (temperature.float(), top_k.to(torch.int64), top_p.float(), min_p.float(),
                                        seed.to(torch.int64), offset.to(torch.int64), repetition_penalty.float())]

@@ -22,7 +22,7 @@ fn cuda_device_count() -> PyResult<i32> {
     cuda::device_count().map_err(err)
 }
 
-/// `{"num_sm", "cc_major", "cc_minor"}` of a device.
+/// `(num_sm, cc_major, cc_minor)` of a device.
 #[pyfunction]
 fn cuda_device_props(device: i32) -> PyResult<(i32, i32, i32)> {
     let p = cuda::device_props(device).map_err(err)?;
