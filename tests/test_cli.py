@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from vox_serve.cli import CliError, build_config, check_flags, given_flags
-from vox_serve.launch import main
+from vox_serve.launch import main, rust_unavailable_reason
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -20,13 +20,23 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 def test_auto_falls_back_to_python_and_says_why() -> None:
     proc = _run("--model", "no-such-model-xyz", "--device", "cpu", "--bench-requests", "1")
     assert "serving with the Python runtime" in proc.stderr
-    assert "vox_serve._rt is not installed" in proc.stderr
+    assert rust_unavailable_reason() in proc.stderr
 
 
 def test_runtime_rust_exits_nonzero_with_reason() -> None:
     proc = _run("--runtime", "rust", "--model", "orpheus-tiny")
     assert proc.returncode != 0
-    assert "vox_serve._rt is not installed" in proc.stderr
+    assert rust_unavailable_reason() in proc.stderr
+
+
+def test_rust_reason_names_what_is_missing() -> None:
+    """Without the extension: not installed; with this build of it: no serving entry point yet."""
+    try:
+        import vox_serve._rt  # noqa: F401
+    except ImportError:
+        assert rust_unavailable_reason() == "the Rust runtime extension vox_serve._rt is not installed"
+    else:
+        assert "has no serving entry point" in rust_unavailable_reason()
 
 
 def test_python_help_lists_python_flags_only() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sampling_helpers import random_case, to_cuda
 
 from vox_serve.layers.rope import RotaryEmbedding
 from vox_serve.rt import kernels, triton_ops
@@ -16,26 +17,19 @@ def test_hash_uniforms_are_bit_identical() -> None:
     seed = torch.randint(-2**62, 2**62, (37,), dtype=torch.int64)
     offset = torch.randint(0, 2**40, (37,), dtype=torch.int64)
     ref = kernels.hash_uniform(seed, offset, 4097)
-    assert torch.equal(kernels.hash_uniform(seed.cuda(), offset.cuda(), 4097).cpu(), ref)
+    assert torch.equal(triton_ops.hash_uniform(seed.cuda(), offset.cuda(), 4097, kernels._SALT_UNIFORM).cpu(), ref)
 
 
 @pytest.mark.parametrize("vocab", [2048, 3072, 4097])
 def test_fused_sampler_draws_the_reference_tokens(vocab: int) -> None:
     gen = torch.Generator().manual_seed(vocab)
-    rows = 256
-    logits = torch.randn(rows, vocab, generator=gen) * 3
-    allowed = torch.rand(rows, vocab, generator=gen) > 0.1
-    allowed[:, 0] = True
-    history = torch.randint(-1, vocab, (rows, 16), generator=gen)
-    params = kernels.SamplingTensors(
-        temperature=torch.rand(rows, generator=gen) * 1.5, top_k=torch.randint(0, 60, (rows,), generator=gen),
-        top_p=torch.rand(rows, generator=gen) * 0.5 + 0.5, min_p=torch.rand(rows, generator=gen) * 0.1,
-        repetition_penalty=torch.rand(rows, generator=gen) + 1.0, seed=torch.randint(0, 2**40, (rows,), generator=gen),
-        offset=torch.randint(0, 10**6, (rows,), generator=gen))
-    params.temperature[:32] = 0.0
+    logits, allowed, history, params = random_case(256, vocab, gen)
     ref = kernels.sample(logits, params, history, allowed)
-    cuda = kernels.SamplingTensors(**{k: v.cuda() for k, v in vars(params).items()})
-    got = kernels.sample(logits.cuda(), cuda, history.cuda(), allowed.cuda()).cpu()
+    penalised = kernels.apply_repetition_penalty(logits.cuda(), history.cuda(), params.repetition_penalty.cuda())
+    cuda = to_cuda(params)
+    # The Triton kernel itself (kernels.sample prefers the Rust extension's when it is built).
+    got = triton_ops.sample(penalised, allowed.cuda(), cuda.temperature, cuda.top_k, cuda.top_p, cuda.min_p,
+                            cuda.seed, cuda.offset, kernels._SALT_UNIFORM).cpu()
     assert torch.equal(got[:32], ref[:32])
     assert (got == ref).float().mean().item() >= 0.98
 

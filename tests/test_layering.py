@@ -17,7 +17,7 @@ RANK = {  # module path prefix under vox_serve -> layer (higher may import lower
     "metrics": 0, "prompt_pool": 0, "__init__": 0,
     "scheduler": 1, "sim": 2, "trace": 2,
     "rt": 1, "layers": 2, "codecs": 2, "models": 3, "engine": 4, "worker": 5,
-    "engine_loop": 2, "bench": 6, "scheduler_entry": 6, "launch": 7, "cli": 7, "api": 7, "_rt": 6, "client": 8,
+    "engine_loop": 2, "bench": 6, "scheduler_entry": 6, "launch": 7, "cli": 7, "api": 7, "_rt": 0, "client": 8,
 }
 TORCH_FREE = ("core", "scheduler", "sim", "api", "config", "request_builder", "ipc", "text_sessions", "metrics",
               "trace", "engine_loop", "cli", "launch")

@@ -10,14 +10,17 @@ from vox_serve.cli import PY, RS, CliError, build_config, build_parser, check_fl
 
 
 def rust_unavailable_reason() -> str | None:
-    """Why the Rust runtime cannot serve (None when its extension loads)."""
+    """Why the Rust runtime cannot serve (None when its extension loads and has a serving entry point)."""
     try:
-        importlib.import_module("vox_serve._rt")
+        rt = importlib.import_module("vox_serve._rt")
     except ModuleNotFoundError:
         return "the Rust runtime extension vox_serve._rt is not installed"
     except Exception as exc:  # a broken build: report, never crash the fallback
         return f"the Rust runtime extension vox_serve._rt does not load: {exc}"
-    return "the Rust runtime extension vox_serve._rt has no serving entry point in this build"
+    if not callable(getattr(rt, "serve", None)):
+        # The extension's foundation (kernels, planner, prompt builders) exists; its engine driver does not yet.
+        return "the Rust runtime extension vox_serve._rt has no serving entry point in this build"
+    return None
 
 
 def _requested_runtime(argv: list[str]) -> str:

@@ -4,6 +4,9 @@ Everything here is CUDA-graph capturable: fixed shapes, no host synchronisation,
 tensor values and no ``torch.Generator``. Randomness comes from a counter-based integer hash of
 ``(seed, offset, column)``, so a request's draws depend only on its own seed and step counter,
 never on which batch or batch index it lands in. Faster kernels are tested against these.
+
+On CUDA tensors the compiled kernels serve instead: the Rust extension's (`rt.rust_ops`) when it
+is built, else Triton's (`rt.triton_ops`); both draw the same random bits.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vox_serve.rt import triton_ops
+from vox_serve.rt import rust_ops, triton_ops
 
 _MASK32 = 0xFFFFFFFF
 _GOLDEN32 = 0x9E3779B9
@@ -69,6 +72,8 @@ def _bits_to_uniform(bits: Tensor) -> Tensor:
 
 def _uniform(seed: Tensor, offset: Tensor, n: int, salt: int) -> Tensor:
     """One salted stream of uniforms [N, n]; one fused kernel on a GPU, bit-identical to the ops here."""
+    if rust_ops.enabled(seed):
+        return rust_ops.hash_uniform(seed, offset, n, salt)
     if triton_ops.enabled(seed):
         return triton_ops.hash_uniform(seed, offset, n, salt)
     return _bits_to_uniform(_hash_bits(seed, offset, n, salt))
@@ -225,6 +230,10 @@ def sample(
     row its own seed or offset (e.g. ``offset = step * C + codebook``) so codebooks draw
     independent numbers.
     """
+    if rust_ops.enabled(logits) and logits.shape[-1] <= rust_ops.MAX_SAMPLE_VOCAB:
+        # One kernel for the penalty, the filters and the draw.
+        return rust_ops.sample(logits, allowed, history, params.repetition_penalty, params.temperature, params.top_k,
+                               params.top_p, params.min_p, params.seed, params.offset, _SALT_UNIFORM)
     if triton_ops.enabled(logits) and logits.shape[-1] <= triton_ops.MAX_SAMPLE_VOCAB:
         # One fused kernel for the filters and the draw (~40 small kernels here).
         x = logits if history is None else apply_repetition_penalty(logits, history, params.repetition_penalty)
