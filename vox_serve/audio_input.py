@@ -30,25 +30,27 @@ def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
     return samples.mean(axis=1).astype(np.float32), int(rate)
 
 
-def resample(audio: torch.Tensor, orig_rate: int, new_rate: int) -> torch.Tensor:
+def resample(audio: torch.Tensor, orig_rate: int, new_rate: int, *, zero_crossings: int = SINC_ZERO_CROSSINGS,
+             rolloff: float = ROLLOFF) -> torch.Tensor:
     """audio [samples] float -> [ceil(samples * new_rate / orig_rate)] by band-limited interpolation.
 
     Each output sample is a Hann-windowed sinc of the input around its position, the sinc's cut-off just
     below the lower of the two Nyquist frequencies, so downsampling does not alias. With both rates
     divided by their gcd, every block of `p_in` input samples yields `p_out` output samples, and output j
     of every block uses the same filter: the whole signal is one convolution of stride `p_in` with `p_out`
-    filters. Computed in float64.
+    filters. Computed in float64. With `zero_crossings=6, rolloff=0.99` this is torchaudio's default
+    `resample` (sinc_interp_hann), which some references use.
     """
     if orig_rate == new_rate:
         return audio
     g = math.gcd(orig_rate, new_rate)
     p_in, p_out = orig_rate // g, new_rate // g
-    cutoff = min(p_in, p_out) * ROLLOFF  # in cycles per block of p_in input samples
-    half = math.ceil(SINC_ZERO_CROSSINGS * p_in / cutoff)  # filter half-width in input samples
+    cutoff = min(p_in, p_out) * rolloff  # in cycles per block of p_in input samples
+    half = math.ceil(zero_crossings * p_in / cutoff)  # filter half-width in input samples
     offsets = torch.arange(-half, half + p_in, dtype=torch.float64) / p_in  # input times within a block
     phases = -torch.arange(p_out, dtype=torch.float64)[:, None] / p_out  # output times, in blocks
-    t = ((offsets[None, :] + phases) * cutoff).clamp(-SINC_ZERO_CROSSINGS, SINC_ZERO_CROSSINGS)
-    window = torch.cos(t * math.pi / (2 * SINC_ZERO_CROSSINGS)) ** 2
+    t = ((offsets[None, :] + phases) * cutoff).clamp(-zero_crossings, zero_crossings)
+    window = torch.cos(t * math.pi / (2 * zero_crossings)) ** 2
     filters = torch.special.sinc(t) * window * (cutoff / p_in)  # [p_out, taps], unit DC gain
     x = F.pad(audio.double()[None, None], (half, half + p_in))
     out = F.conv1d(x, filters[:, None], stride=p_in)  # [1, p_out, blocks]
