@@ -65,16 +65,17 @@ class Generation:
 def generate(lm: ZonosLM, prefix: Tensor, *, max_new_tokens: int, cfg_scale: float, params: sampling.ZonosSampling,
              prefix_codes: Tensor | None = None, repetition_window: int = 2) -> Generation:
     """prefix [2, L, d] (conditional, unconditional), prefix_codes [1, 9, P] or None -> the reference's result."""
+    dev = lm.embeddings[0].weight.device
     num_prefix = 0 if prefix_codes is None else prefix_codes.shape[2]
     num_frames = num_prefix + max_new_tokens
-    codes = torch.full((1, NUM_CODEBOOKS, num_frames), delay.UNKNOWN, dtype=torch.long)
+    codes = torch.full((1, NUM_CODEBOOKS, num_frames), delay.UNKNOWN, dtype=torch.long, device=dev)
     if prefix_codes is not None:
         codes[..., :num_prefix] = prefix_codes
     delayed = delay.delay(codes)
     rows = PagedRows(lm, 2, prefix.shape[1] + num_frames + NUM_CODEBOOKS)
-    scale = torch.tensor([cfg_scale])
-    frames = torch.tensor([num_frames])
-    prefix_len = torch.tensor([num_prefix])
+    scale = torch.tensor([cfg_scale], device=dev)
+    frames = torch.tensor([num_frames], device=dev)
+    prefix_len = torch.tensor([num_prefix], device=dev)
     out = Generation(codes=torch.empty(0), delayed=delayed)
 
     def step(x: Tensor, positions: Tensor, qo: int) -> Tensor:
@@ -85,22 +86,23 @@ def generate(lm: ZonosLM, prefix: Tensor, *, max_new_tokens: int, cfg_scale: flo
         return guided
 
     def write(tokens: Tensor, column: int) -> None:
-        col = torch.tensor([column])
+        col = torch.tensor([column], device=dev)
         unknown = delay.unknown_entries(col, prefix_len, frames)
         delayed[:, :, column] = delay.write_column(tokens, delayed[:, :, column], unknown)
 
     columns = delayed[0, :, : num_prefix + 1].T  # [P + 1, 9]
     x = torch.cat([prefix.to(lm.embeddings[0].weight.dtype), lm.embed_codes(columns).expand(2, -1, -1)], dim=1)
     qo = x.shape[1]
-    write(sampling.sample_codes(step(x.reshape(2 * qo, -1), torch.arange(qo).repeat(2), qo), params),
+    write(sampling.sample_codes(step(x.reshape(2 * qo, -1), torch.arange(qo, device=dev).repeat(2), qo), params),
           num_prefix + 1)
     column = num_prefix + 1
-    remaining, stopping = torch.tensor([delay.decode_steps(max_new_tokens)]), torch.tensor([False])
+    remaining = torch.tensor([delay.decode_steps(max_new_tokens)], device=dev)
+    stopping = torch.tensor([False], device=dev)
     while int(remaining.max()) > 0:
         column += 1
         params.offset += 1
         x = lm.embed_codes(delayed[:, :, column - 1]).expand(2, -1)
-        logits = sampling.ban_eos_after_head0(step(x, torch.full((2,), prefix.shape[1] + column - 1), 1))
+        logits = sampling.ban_eos_after_head0(step(x, torch.full((2,), prefix.shape[1] + column - 1, device=dev), 1))
         history = delayed[:, :, max(0, column - repetition_window) : column]
         logits = sampling.repetition_penalty(logits, history, params.repetition_penalty)
         tokens, remaining, stopping = delay.stop_rule(sampling.sample_codes(logits, params), remaining, stopping)
