@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from vox_serve.codecs.weight_norm import fuse_weight_norm
-from vox_serve.models.checkpoint import CheckpointError, iter_safetensors, read_json
+from vox_serve.models.checkpoint import iter_safetensors, load_strict, read_json
 
 RESIDUAL_DILATIONS = (1, 3, 9)
 RESIDUAL_KERNEL = 7
@@ -199,12 +199,6 @@ def load_dac(model_dir: Path, device: torch.device, dtype: torch.dtype) -> DacDe
     cfg = DacConfig.from_dict(read_json(model_dir / "config.json"))
     model = DacDecoder(cfg)
     tensors = fuse_weight_norm(dict(iter_safetensors(model_dir)))
-    own = model.state_dict()
     kept = {k: v for k, v in tensors.items() if not k.startswith("encoder.") and ".in_proj." not in k}
-    missing, unexpected = sorted(set(own) - set(kept)), sorted(set(kept) - set(own))
-    wrong = sorted(k for k in set(own) & set(kept) if own[k].shape != kept[k].shape)
-    if missing or unexpected or wrong:
-        raise CheckpointError(f"DAC checkpoint {model_dir} does not match its config: missing {missing[:6]}, "
-                              f"unexpected {unexpected[:6]}, wrong shapes {wrong[:4]}")
-    model.load_state_dict(kept)
+    load_strict(model, kept, f"DAC checkpoint {model_dir}")
     return model.to(device=device, dtype=dtype).eval()

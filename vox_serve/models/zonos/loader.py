@@ -13,22 +13,9 @@ from typing import Any
 
 import torch
 
-from vox_serve.models.checkpoint import CheckpointError, init_random, iter_safetensors, read_json
+from vox_serve.models.checkpoint import init_random, iter_safetensors, load_strict, read_json
 from vox_serve.models.zonos.config import ZonosConfig
 from vox_serve.models.zonos.lm import ZonosLM
-
-
-def load_state(model: torch.nn.Module, tensors: dict[str, torch.Tensor], what: str) -> None:
-    """Copy `tensors` into `model`, failing on missing, unexpected or mis-shaped keys (names in the message)."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(tensors))
-    unexpected = sorted(set(tensors) - set(own))
-    wrong = sorted(k for k in set(own) & set(tensors) if own[k].shape != tensors[k].shape)
-    if missing or unexpected or wrong:
-        shapes = [f"{k} {tuple(tensors[k].shape)} != {tuple(own[k].shape)}" for k in wrong[:4]]
-        raise CheckpointError(f"{what} does not match the model: missing {missing[:6]}, unexpected "
-                              f"{unexpected[:6]}, wrong shapes {shapes}")
-    model.load_state_dict(tensors, strict=True)
 
 
 def load_zonos_lm(model_dir: Path | None, device: torch.device, dtype: torch.dtype, *, seed: int = 0,
@@ -47,5 +34,5 @@ def load_zonos_lm(model_dir: Path | None, device: torch.device, dtype: torch.dty
         return lm.to(device=device, dtype=dtype).eval()
     cfg = ZonosConfig.from_dict(config if config is not None else read_json(model_dir / "config.json"))
     lm = ZonosLM(cfg)
-    load_state(lm, dict(iter_safetensors(model_dir)), f"Zonos checkpoint {model_dir}")
+    load_strict(lm, dict(iter_safetensors(model_dir)), f"Zonos checkpoint {model_dir}")
     return lm.to(device=device, dtype=dtype).eval()

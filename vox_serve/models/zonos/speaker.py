@@ -21,8 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vox_serve.audio_input import resample
-from vox_serve.models.checkpoint import CheckpointError
-from vox_serve.models.zonos.loader import load_state
+from vox_serve.models.checkpoint import CheckpointError, load_strict
 
 SAMPLE_RATE = 16000
 N_FFT, WIN_LENGTH, HOP_LENGTH, NUM_MELS = 512, 400, 160, 80
@@ -178,6 +177,6 @@ def load_speaker_model(directory: Path, device: torch.device) -> ZonosSpeakerMod
     except KeyError as exc:
         raise CheckpointError(f"speaker model is missing {exc}") from exc
     network = SpeakerNetwork(width, _block_counts(list(sd)), embed_dim)
-    load_state(network, sd, f"speaker network {directory / NETWORK_FILE}")
-    load_state(lda, lda_sd, f"speaker LDA {directory / LDA_FILE}")
+    load_strict(network, sd, f"speaker network {directory / NETWORK_FILE}")
+    load_strict(lda, lda_sd, f"speaker LDA {directory / LDA_FILE}")
     return ZonosSpeakerModel(network, lda).to(device).eval()
