@@ -14,7 +14,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from vox_serve.audio_input import resample_as_torchaudio
 from vox_serve.codecs.dac.decoder import DAC_44KHZ, DacConfig, load_dac, receptive_field
+from vox_serve.codecs.dac.encoder import load_dac_encoder
 from vox_serve.codecs.dac.stream import chunk_window, decode_windows, gather_window
 from vox_serve.models.checkpoint import CheckpointError
 
@@ -152,3 +154,25 @@ def test_loader_is_strict(reference, tmp_path) -> None:
     (path / "config.json").write_text(json.dumps({**TINY, "decoder_hidden_size": 64}))
     with pytest.raises(CheckpointError, match="wrong shapes"):
         load_dac(path, torch.device("cpu"), torch.float32)
+
+
+def test_encode_matches_transformers(reference, tmp_path) -> None:
+    """Residual VQ codes of random audio equal DacModel.encode's (the checkpoint's encoder + quantizer)."""
+    encoder = load_dac_encoder(save(reference, tmp_path / "ckpt", "parametrizations"), torch.device("cpu"),
+                               torch.float32)
+    audio = 0.3 * torch.randn(2, 1, 10 * HOP, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = tiny_reference().encode(audio).audio_codes
+    got = encoder.encode(audio)
+    assert got.shape == want.shape == (2, 9, 10) and torch.equal(got, want)
+
+
+def test_encode_clip_resamples_and_pads(reference, tmp_path) -> None:
+    """A 24 kHz stereo clip: mono, 44.1 kHz, padded to whole frames, as Zonos's DACAutoencoder.preprocess."""
+    encoder = load_dac_encoder(save(reference, tmp_path / "ckpt", "fused"), torch.device("cpu"), torch.float32)
+    clip = 0.2 * torch.randn(2, 2400, generator=torch.Generator().manual_seed(6))
+    codes = encoder.encode_clip(clip, 24000)
+    resampled = resample_as_torchaudio(clip.mean(0), 24000, 44100)
+    assert resampled.shape[0] == 4410 and codes.shape == (1, 9, -(-4410 // HOP))
+    padded = torch.nn.functional.pad(resampled, (0, codes.shape[2] * HOP - 4410))
+    assert torch.equal(codes, encoder.encode(padded[None, None]))

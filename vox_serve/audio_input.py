@@ -13,6 +13,8 @@ import torch.nn.functional as F
 # Nyquist frequency: tones up to 0.85 x Nyquist pass within 1e-3, aliases fall below -55 dB.
 SINC_ZERO_CROSSINGS = 24
 ROLLOFF = 0.97
+# torchaudio's default resampler (sinc_interp_hann, width 6, rolloff 0.99), which some references use.
+TORCHAUDIO_ZERO_CROSSINGS, TORCHAUDIO_ROLLOFF = 6, 0.99
 
 
 def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
@@ -38,8 +40,8 @@ def resample(audio: torch.Tensor, orig_rate: int, new_rate: int, *, zero_crossin
     below the lower of the two Nyquist frequencies, so downsampling does not alias. With both rates
     divided by their gcd, every block of `p_in` input samples yields `p_out` output samples, and output j
     of every block uses the same filter: the whole signal is one convolution of stride `p_in` with `p_out`
-    filters. Computed in float64. With `zero_crossings=6, rolloff=0.99` this is torchaudio's default
-    `resample` (sinc_interp_hann), which some references use.
+    filters. Computed in float64. With TORCHAUDIO_ZERO_CROSSINGS and TORCHAUDIO_ROLLOFF this is
+    torchaudio's default `resample`.
     """
     if orig_rate == new_rate:
         return audio
@@ -56,3 +58,9 @@ def resample(audio: torch.Tensor, orig_rate: int, new_rate: int, *, zero_crossin
     out = F.conv1d(x, filters[:, None], stride=p_in)  # [1, p_out, blocks]
     length = math.ceil(audio.shape[-1] * p_out / p_in)
     return out[0].t().reshape(-1)[:length].to(audio.dtype)
+
+
+def resample_as_torchaudio(audio: torch.Tensor, orig_rate: int, new_rate: int) -> torch.Tensor:
+    """`resample` with torchaudio's default filter: what references that resample through torchaudio get
+    (within float32 rounding of their kernel)."""
+    return resample(audio, orig_rate, new_rate, zero_crossings=TORCHAUDIO_ZERO_CROSSINGS, rolloff=TORCHAUDIO_ROLLOFF)

@@ -120,7 +120,7 @@ class Quantizer(nn.Module):
         self.out_proj = nn.Conv1d(cfg.codebook_dim, cfg.hidden_size, kernel_size=1)
 
 
-class _Quantizers(nn.Module):
+class Quantizers(nn.Module):
     def __init__(self, cfg: DacConfig) -> None:
         super().__init__()
         self.quantizers = nn.ModuleList(Quantizer(cfg) for _ in range(cfg.n_codebooks))
@@ -141,7 +141,7 @@ class DacDecoder(nn.Module):
     def __init__(self, cfg: DacConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.quantizer = _Quantizers(cfg)
+        self.quantizer = Quantizers(cfg)
         self.decoder = Decoder(cfg)
 
     def latents(self, codes: Tensor) -> Tensor:

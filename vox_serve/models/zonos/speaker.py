@@ -20,12 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vox_serve.audio_input import resample
+from vox_serve.audio_input import resample_as_torchaudio
 from vox_serve.models.checkpoint import CheckpointError, load_strict
 
 SAMPLE_RATE = 16000
 N_FFT, WIN_LENGTH, HOP_LENGTH, NUM_MELS = 512, 400, 160, 80
-RESAMPLE_ZERO_CROSSINGS, RESAMPLE_ROLLOFF = 6, 0.99  # torchaudio's defaults
 SIMAM_LAMBDA = 1e-4
 ATTENTION_CHANNELS = 128
 NETWORK_FILE = "ResNet293_SimAM_ASP_base.pt"
@@ -140,8 +139,7 @@ class ZonosSpeakerModel(nn.Module):
         """audio [samples] or [channels, samples] float -> (256-d embedding, 128-d LDA output), float32."""
         if audio.dim() == 2:
             audio = audio.mean(dim=0)
-        audio = resample(audio.float(), sample_rate, SAMPLE_RATE, zero_crossings=RESAMPLE_ZERO_CROSSINGS,
-                         rolloff=RESAMPLE_ROLLOFF)
+        audio = resample_as_torchaudio(audio.float(), sample_rate, SAMPLE_RATE)
         dtype = self.filterbank.dtype
         feats = log_mel(audio[None].to(self.filterbank.device, dtype), self.filterbank)
         emb = self.network(feats).float()
