@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from dac_helpers import HOP, TINY, save, tiny_reference
 
 from vox_serve.audio_input import resample_as_torchaudio
 from vox_serve.codecs.dac.decoder import DAC_44KHZ, DacConfig, load_dac, receptive_field
@@ -20,42 +20,11 @@ from vox_serve.codecs.dac.encoder import load_dac_encoder
 from vox_serve.codecs.dac.stream import chunk_window, decode_windows, gather_window
 from vox_serve.models.checkpoint import CheckpointError
 
-transformers = pytest.importorskip("transformers")
-
-TINY = dict(encoder_hidden_size=4, decoder_hidden_size=32, downsampling_ratios=[2, 4, 8, 8], n_codebooks=9,
-            codebook_size=1024, codebook_dim=8, sampling_rate=44100)
+pytest.importorskip("transformers")
 REF_ATOL = 1e-5  # vs transformers, float32 (observed ~1e-7 at audio std ~0.3)
 STREAM_ATOL = 1e-5  # windows with the full receptive field vs one-shot: summation order only
-HOP = 512
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def tiny_reference(seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = transformers.DacModel(transformers.DacConfig(**TINY)).eval()
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():  # non-trivial Snake alphas and biases, so a misplaced one shows
-        for name, p in model.named_parameters():
-            if name.endswith("alpha"):
-                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-    return model
-
-
-def save(model: torch.nn.Module, path, layout: str):
-    """The checkpoint in one weight-norm layout: fused weights, parametrizations, or weight_g/weight_v."""
-    path.mkdir()
-    model.config.to_json_file(str(path / "config.json"))
-    if layout == "parametrizations":
-        model.apply_weight_norm()
-    elif layout == "weight_g":
-        for module in model.modules():
-            if isinstance(module, torch.nn.Conv1d | torch.nn.ConvTranspose1d):
-                torch.nn.utils.weight_norm(module)
-    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from dac_helpers import save, tiny_reference
 from safetensors.torch import load_file
-from test_dac_codec import save, tiny_reference
 from zonos_helpers import FIXTURES, generate, scenario_sampling
 
 from vox_serve.codecs.dac.decoder import load_dac, receptive_field
