@@ -45,9 +45,9 @@ class ZonosSampling:
     def filled(cls, num_rows: int, *, device: torch.device | str = "cpu", seed: int = 0, offset: int = 0,
                **values: float) -> ZonosSampling:
         """Every row alike: the reference's defaults overridden by `values` (static buffers start here)."""
-        unknown = set(values) - set(DEFAULT_SAMPLING)
+        unknown = set(values) - (set(cls.__dataclass_fields__) - {"seed", "offset"})
         if unknown:
-            raise ValueError(f"unknown sampling parameters {sorted(unknown)}")
+            raise ValueError(f"unknown per-row sampling parameters {sorted(unknown)}")
         p = {**DEFAULT_SAMPLING, **values}
 
         def full(name: str, dtype: torch.dtype) -> Tensor:
