@@ -51,27 +51,41 @@ def inverse_frequencies(head_dim: int, params: dict[str, Any]) -> torch.Tensor:
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """cos/sin tables for positions [0, max_positions); applied in the rotate-half convention."""
+    """cos/sin tables for positions [0, max_positions).
 
-    def __init__(self, head_dim: int, max_positions: int, params: dict[str, Any]) -> None:
+    Rotate-half convention by default (Llama, Qwen: dims i and i + D/2 form a pair); `interleaved`
+    pairs dims 2i and 2i + 1 instead (gpt-fast style, Zonos), with the same frequency per pair.
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, params: dict[str, Any], interleaved: bool = False) -> None:
         super().__init__()
         inv = inverse_frequencies(head_dim, params)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv.float())
-        emb = torch.cat([angles, angles], dim=-1)
+        emb = angles.repeat_interleave(2, dim=-1) if interleaved else torch.cat([angles, angles], dim=-1)
+        self.interleaved = interleaved
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q [T, Hq, D], k [T, Hk, D], positions [T] -> rotated (q, k) in the input dtype."""
-        if triton_ops.enabled(q):
+        if triton_ops.enabled(q) and not self.interleaved:
             return triton_ops.rope(q, self.cos, self.sin, positions), triton_ops.rope(k, self.cos, self.sin, positions)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        rotate = _rotate_interleaved if self.interleaved else _rotate
+        return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     xf = x.float()
     half = xf.shape[-1] // 2
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+def _rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Pairs (x[2i], x[2i+1]) -> (x0 cos - x1 sin, x1 cos + x0 sin); cos/sin hold each angle twice."""
+    xf = x.float()
+    pairs = xf.unflatten(-1, (-1, 2))
+    rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
     return (xf * cos + rotated * sin).to(x.dtype)

@@ -70,6 +70,19 @@ def iter_safetensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield key, f.get_tensor(key)
 
 
+def load_strict(model: torch.nn.Module, tensors: dict[str, torch.Tensor], what: str) -> None:
+    """Copy `tensors` into `model`, failing on missing, unexpected or mis-shaped keys (names in the message)."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(tensors))
+    unexpected = sorted(set(tensors) - set(own))
+    wrong = sorted(k for k in set(own) & set(tensors) if own[k].shape != tensors[k].shape)
+    if missing or unexpected or wrong:
+        shapes = [f"{k} {tuple(tensors[k].shape)} != {tuple(own[k].shape)}" for k in wrong[:4]]
+        raise CheckpointError(f"{what} does not match the model: missing {missing[:6]}, unexpected "
+                              f"{unexpected[:6]}, wrong shapes {shapes}")
+    model.load_state_dict(tensors, strict=True)
+
+
 def init_random(module: nn.Module, seed: int, std: float = 0.02) -> None:
     """Deterministic random weights of the module's shapes: N(0, std) matrices, unit norms."""
     gens: dict[torch.device, torch.Generator] = {}
