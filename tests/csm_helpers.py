@@ -6,7 +6,6 @@ program comes later; this loop is what its stages will do: a paged-KV backbone s
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import numpy as np
@@ -168,5 +167,3 @@ class EagerGenerator:
         return out
 
 
-def save_json(path: Path, obj: object) -> None:
-    path.write_text(json.dumps(obj))
