@@ -95,9 +95,12 @@ def reference_processor():  # noqa: ANN201
 
 def reference_generate(model, processor, text: str, clips: list[np.ndarray], max_frames: int) -> torch.Tensor:
     """transformers' greedy generation (backbone and depth decoder) for one prompt string in the processor's
-    form; returns the generated frames [frames, K]."""
+    form; returns the generated frames [frames, K].
+
+    The processor's attention mask must go along: without one, `generate` derives it from `pad_token_id`,
+    which in CSM's config is the <|AUDIO|> id, and would mask out every context audio frame.
+    """
     inputs = processor(text, audio=clips or None, return_tensors="pt")
-    inputs.pop("attention_mask", None)
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=max_frames, do_sample=False, depth_decoder_do_sample=False)
     return out[0]
