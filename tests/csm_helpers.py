@@ -127,11 +127,11 @@ class EagerGenerator:
     of every unfinished row, each ending with whole frames from the depth decoder."""
 
     def __init__(self, m: CsmModules, max_len: int = 256, max_rows: int = 8) -> None:
-        b = m.config.backbone
-        self.m, self.pages_per_seq = m, -(-max_len // PAGE_SIZE)
+        b, w = m.config.backbone, m.backbone.lm_head.weight
+        self.m, self.pages_per_seq, self.device = m, -(-max_len // PAGE_SIZE), w.device
         self.attn = TorchAttentionBackend(num_layers=b.num_layers, num_pages=1 + max_rows * self.pages_per_seq,
                                           page_size=PAGE_SIZE, num_q_heads=b.num_heads, num_kv_heads=b.num_kv_heads,
-                                          head_dim=b.head_dim, dtype=torch.float32, device="cpu")
+                                          head_dim=b.head_dim, dtype=w.dtype, device=w.device)
         m.depth.allocate(max_rows)
 
     def _step(self, rows: list[int], ids: torch.Tensor, qo_lens: list[int], kv_lens: list[int]) -> torch.Tensor:
@@ -141,11 +141,14 @@ class EagerGenerator:
         seq = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(qo_lens))
         slots = pages[seq, positions // PAGE_SIZE].long() * PAGE_SIZE + positions % PAGE_SIZE
         indptr = torch.tensor([0, *np.cumsum(qo_lens)], dtype=torch.int32)
-        bufs = AttentionBuffers(page_table=pages.int(), kv_lens=torch.tensor(kv_lens, dtype=torch.int32),
-                                qo_indptr=indptr, slot_mapping=slots)
+        dev = self.device
+        bufs = AttentionBuffers(page_table=pages.int().to(dev), kv_lens=torch.tensor(kv_lens, dtype=torch.int32,
+                                                                                      device=dev),
+                                qo_indptr=indptr.to(dev), slot_mapping=slots.to(dev))
         self.attn.plan(AttentionPlan(num_seqs=len(rows), qo_lens=qo_lens, kv_lens=kv_lens), bufs)
-        hidden = self.m.backbone(ids, positions, lambda layer, q, k, v: self.attn.forward(layer, q, k, v, bufs))
-        return hidden[indptr[1:].long() - 1]
+        hidden = self.m.backbone(ids.to(dev), positions.to(dev),
+                                 lambda layer, q, k, v: self.attn.forward(layer, q, k, v, bufs))
+        return hidden[indptr[1:].long().to(dev) - 1]
 
     @torch.no_grad()
     def generate(self, prompts: list[list[list[int]]], max_frames: int) -> list[list[list[int]]]:
@@ -164,7 +167,7 @@ class EagerGenerator:
             if not keep:
                 break
             active = [active[i] for i in keep]
-            ids = torch.cat([frames[keep], torch.full((len(keep), 1), -1)], dim=1)
+            ids = torch.cat([frames[keep].cpu(), torch.full((len(keep), 1), -1)], dim=1)
             kv = [lens[row] + len(out[row]) for row in active]
             hidden = self._step(active, ids, [1] * len(active), kv)
         return out
