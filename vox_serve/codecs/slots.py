@@ -1,31 +1,20 @@
 """Streaming state of a causal codec decoder for many requests, in preallocated pools indexed by a codec slot.
 
-A streaming decoder (`StreamingDecoder`) names its per-request state entries (`state_names`, `state_shapes`)
-and decodes a chunk through a list of batch-first state tensors and the chunk's first frame index
-(`forward_chunk`). `CodecSlots` keeps those states for up to `num_slots` requests, flattened into one
-tensor, so that one captured codec graph per (batch, frames) serves any set of requests.
+A streaming decoder (`vox_serve.codecs.streaming.StreamingCodecDecoder`) names its per-request state
+entries (`state_names`, `state_shapes`) and decodes a chunk through a list of batch-first state tensors
+and the chunk's first frame index (`forward_chunk`). `CodecSlots` keeps those states for up to
+`num_slots` requests, flattened into one tensor, so that one captured codec graph per (batch, frames)
+serves any set of requests.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
 import torch
 from torch import Tensor
 
-
-class StreamingDecoder(Protocol):
-    state_names: list[str]
-    state_shapes: list[tuple[int, ...]]
-
-    @property
-    def device(self) -> torch.device: ...
-
-    @property
-    def dtype(self) -> torch.dtype: ...
-
-    def forward_chunk(self, codes: Tensor, states: list[Tensor], pos: Tensor) -> Tensor: ...
+from vox_serve.codecs.streaming import StreamingCodecDecoder
 
 
 class CodecSlots:
@@ -36,7 +25,7 @@ class CodecSlots:
     synchronisation.
     """
 
-    def __init__(self, decoder: StreamingDecoder, num_slots: int):
+    def __init__(self, decoder: StreamingCodecDecoder, num_slots: int):
         self.decoder = decoder
         self.shapes = decoder.state_shapes
         self.sizes = [math.prod(s) for s in self.shapes]

@@ -39,6 +39,46 @@ def assign_state_ids(model: nn.Module) -> tuple[list[str], list[tuple[int, ...]]
     return [n for n, _ in stateful], [m.state_shape() for _, m in stateful]
 
 
+class StreamingCodecDecoder(nn.Module):
+    """A causal codec decoder: codes -> audio through per-request state (its stateful layers'). Subclasses set
+    `state_names` / `state_shapes` (`assign_state_ids`) and implement `forward_chunk`; `CodecSlots` keeps the
+    states of many requests."""
+
+    state_names: list[str]
+    state_shapes: list[tuple[int, ...]]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def new_states(self, batch: int) -> list[Tensor]:
+        """Fresh streaming state of `batch` requests: zeros, i.e. a causal reference's zero left padding."""
+        return [torch.zeros(batch, *s, device=self.device, dtype=self.dtype) for s in self.state_shapes]
+
+    def forward_chunk(self, codes: Tensor, states: list[Tensor], pos: Tensor) -> Tensor:
+        """codes [B, N, Q] of frames pos[b] .. pos[b]+N-1 -> pcm [B, N * samples per frame]; `states` (per
+        `state_shapes`, batch first) is read and its entries replaced by the new state. Static shapes, no
+        host synchronisation."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def decode(self, codes: Tensor, max_chunk_frames: int = 300) -> Tensor:
+        """codes [B, T, Q] -> pcm [B, T * samples per frame], the exact causal decode, `max_chunk_frames` at a
+        time through a fresh state (bounds memory; the result does not depend on it: streaming is exact)."""
+        states = self.new_states(codes.shape[0])
+        pos = torch.zeros(codes.shape[0], dtype=torch.int64, device=codes.device)
+        out = [torch.zeros(codes.shape[0], 0, device=self.device, dtype=self.dtype)]  # T = 0: empty audio
+        for start in range(0, codes.shape[1], max_chunk_frames):
+            chunk = codes[:, start:start + max_chunk_frames]
+            out.append(self.forward_chunk(chunk, states, pos))
+            pos = pos + chunk.shape[1]
+        return torch.cat(out, dim=-1)
+
+
 class CausalConv(StatefulLayer):
     """Stride-1 Conv1d padded on the left only; context: the last (kernel-1)*dilation inputs [C_in, ctx]."""
 

@@ -22,10 +22,11 @@ from torch import Tensor, nn
 
 from vox_serve.codecs.codebooks import ProjectedCodebooks, projected_table
 from vox_serve.codecs.mimi.config import LATENT_STRIDE, MimiConfig
-from vox_serve.codecs.mimi.layers import SeanetDecoder, TransformerLayer
+from vox_serve.codecs.mimi.layers import SeanetDecoder, TransformerLayer, random_weights
 from vox_serve.codecs.streaming import (
     CausalUpConv,
     StatefulLayer,
+    StreamingCodecDecoder,
     assign_state_ids,
     run_windowed,
     window_mask,
@@ -58,7 +59,7 @@ class StreamingTransformer(StatefulLayer):
         return h
 
 
-class MimiDecoder(nn.Module):
+class MimiDecoder(StreamingCodecDecoder):
     """Codes [B, T, Q] -> audio [B, T * 1920]; `decode` for whole utterances, `CodecSlots` for streams."""
 
     def __init__(self, config: MimiConfig):
@@ -73,18 +74,6 @@ class MimiDecoder(nn.Module):
         self.decoder = SeanetDecoder(c)
         self.state_names, self.state_shapes = assign_state_ids(self)
 
-    @property
-    def device(self) -> torch.device:
-        return self.quantizer.tables.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.quantizer.tables.dtype
-
-    def new_states(self, batch: int) -> list[Tensor]:
-        """Fresh streaming state of `batch` requests: zeros, i.e. the reference's zero left padding."""
-        return [torch.zeros(batch, *s, device=self.device, dtype=self.dtype) for s in self.state_shapes]
-
     def forward_chunk(self, codes: Tensor, states: list[Tensor], pos: Tensor) -> Tensor:
         """codes [B, N, Q] of frames pos[b] .. pos[b]+N-1 -> pcm [B, N * samples_per_frame] (unclamped).
 
@@ -96,19 +85,6 @@ class MimiDecoder(nn.Module):
         h = self.upsample(self.quantizer(codes), states)  # [B, hidden, 2N]
         h = self.decoder_transformer(h.transpose(1, 2), states, pos * LATENT_STRIDE).transpose(1, 2)
         return self.decoder(h, states)[:, 0]
-
-    @torch.no_grad()
-    def decode(self, codes: Tensor, max_chunk_frames: int = 300) -> Tensor:
-        """codes [B, T, Q] -> pcm [B, T * samples_per_frame], the exact causal decode, `max_chunk_frames`
-        at a time through a fresh state (bounds memory; the result does not depend on it)."""
-        states = self.new_states(codes.shape[0])
-        pos = torch.zeros(codes.shape[0], dtype=torch.int64, device=codes.device)
-        out = [torch.zeros(codes.shape[0], 0, device=self.device, dtype=self.dtype)]  # T = 0: empty audio
-        for start in range(0, codes.shape[1], max_chunk_frames):
-            chunk = codes[:, start:start + max_chunk_frames]
-            out.append(self.forward_chunk(chunk, states, pos))
-            pos = pos + chunk.shape[1]
-        return torch.cat(out, dim=-1)
 
     def load_checkpoint(self, sd: dict[str, Tensor], source: str) -> set[str]:
         """Load Mimi's decoder weights from file-layout keys (prefix removed; any weight-norm layout).
@@ -133,21 +109,10 @@ class MimiDecoder(nn.Module):
     @classmethod
     def random(cls, config: MimiConfig, seed: int, device: torch.device | str = "cpu",
                dtype: torch.dtype = torch.float32) -> MimiDecoder:
-        """Random weights of the checkpoint's shapes (`--load-format dummy`); deterministic per seed."""
-        g = torch.Generator().manual_seed(seed)
+        """Random weights of the checkpoint's shapes (`--load-format dummy`); deterministic per seed. The sum
+        over the codebooks has unit scale."""
         model = cls(config)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("scale"):
-                    p.fill_(config.layer_scale_initial_scale)
-                elif "norm" in name:
-                    p.fill_(1.0 if name.endswith("weight") else 0.0)
-                elif name.endswith("bias"):
-                    p.zero_()
-                elif name == "quantizer.tables":  # the sum over the codebooks has unit scale
-                    p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(config.num_quantizers))
-                else:  # conv / linear weights: std 1/sqrt(fan in)
-                    p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
+        random_weights(model, config, seed, table_std=1 / math.sqrt(config.num_quantizers))
         return model.to(device=device, dtype=dtype).eval()
 
 

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from vox_serve.codecs.codebooks import codebook_vectors
 from vox_serve.codecs.mimi.config import LATENT_STRIDE, MimiConfig
-from vox_serve.codecs.mimi.layers import TransformerLayer
+from vox_serve.codecs.mimi.layers import TransformerLayer, random_weights
 from vox_serve.codecs.streaming import run_windowed, window_mask
 from vox_serve.codecs.weight_norm import fuse_weight_norm
 from vox_serve.layers.rope import RotaryEmbedding
@@ -195,18 +195,6 @@ class MimiEncoder(nn.Module):
                ) -> MimiEncoder:
         """Random weights of the checkpoint's shapes (`--load-format dummy`); deterministic per seed.
         `kwargs`: the constructor's (num_codebooks, attention_window)."""
-        g = torch.Generator().manual_seed(seed)
         model = cls(config, **kwargs)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("scale"):
-                    p.fill_(config.layer_scale_initial_scale)
-                elif "norm" in name:
-                    p.fill_(1.0 if name.endswith("weight") else 0.0)
-                elif name.endswith("bias"):
-                    p.zero_()
-                elif name.endswith("tables"):
-                    p.copy_(torch.randn(p.shape, generator=g))
-                else:  # conv / linear weights: std 1/sqrt(fan in)
-                    p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
+        random_weights(model, config, seed, table_std=1.0)
         return model.to(device).eval()

@@ -6,6 +6,9 @@ checkpoint keys load without renaming.
 
 from __future__ import annotations
 
+import math
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -86,3 +89,21 @@ class SeanetDecoder(nn.Module):
         for layer in self.layers:
             x = layer(x, states)
         return x
+
+
+def random_weights(model: nn.Module, c: MimiConfig, seed: int, table_std: float) -> None:
+    """Deterministic random weights of a Mimi half: initial layer scales, unit norms, zero biases, codebook
+    tables of `table_std`, conv / linear weights of std 1/sqrt(fan in)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("scale"):
+                p.fill_(c.layer_scale_initial_scale)
+            elif "norm" in name:
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            elif name.endswith("tables"):
+                p.copy_(torch.randn(p.shape, generator=g) * table_std)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))

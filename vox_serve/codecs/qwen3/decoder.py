@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from vox_serve.codecs.codebooks import ProjectedCodebooks, projected_table
 from vox_serve.codecs.qwen3.layers import ConvNeXtBlock, DecoderBlock, SlidingWindowTransformer, SnakeBeta
 from vox_serve.codecs.slots import CodecSlots
-from vox_serve.codecs.streaming import CausalConv, CausalUpConv, assign_state_ids
+from vox_serve.codecs.streaming import CausalConv, CausalUpConv, StreamingCodecDecoder, assign_state_ids
 from vox_serve.codecs.weight_norm import fuse_weight_norm
 
 Qwen3CodecSlots = CodecSlots  # the shared slot pool; the name the Qwen3-TTS program and tests use
@@ -93,7 +93,7 @@ def _rope_theta(dec: dict) -> float:
     return float(params.get("rope_theta", dec.get("rope_theta", Qwen3CodecConfig.rope_theta)))
 
 
-class Qwen3CodecDecoder(nn.Module):
+class Qwen3CodecDecoder(StreamingCodecDecoder):
     """Codes [B, T, 16] -> audio; ``decode`` for whole utterances, ``Qwen3CodecSlots`` for streams."""
 
     def __init__(self, config: Qwen3CodecConfig):
@@ -114,18 +114,6 @@ class Qwen3CodecDecoder(nn.Module):
             SnakeBeta(dims[-1]), CausalConv(dims[-1], 1, 7)])
         self.state_names, self.state_shapes = assign_state_ids(self)
 
-    @property
-    def device(self) -> torch.device:
-        return self.quantizer.tables.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.quantizer.tables.dtype
-
-    def new_states(self, batch: int) -> list[Tensor]:
-        """Fresh streaming state of ``batch`` requests: zeros, i.e. the reference's zero left padding."""
-        return [torch.zeros(batch, *s, device=self.device, dtype=self.dtype) for s in self.state_shapes]
-
     def forward_chunk(self, codes: Tensor, states: list[Tensor], pos: Tensor) -> Tensor:
         """codes [B, N, Q] of frames pos[b] .. pos[b]+N-1 -> pcm [B, N * samples_per_frame] in [-1, 1].
 
@@ -141,22 +129,6 @@ class Qwen3CodecDecoder(nn.Module):
         for m in self.decoder:
             h = m(h, states)
         return h.clamp(-1.0, 1.0)[:, 0]
-
-    @torch.no_grad()
-    def decode(self, codes: Tensor, max_chunk_frames: int = 300) -> Tensor:
-        """codes [B, T, Q] -> pcm [B, T * samples_per_frame] float, the exact causal decode.
-
-        Runs through a fresh state ``max_chunk_frames`` at a time to bound memory; the result does not
-        depend on it (streaming is exact).
-        """
-        states = self.new_states(codes.shape[0])
-        pos = torch.zeros(codes.shape[0], dtype=torch.int64, device=codes.device)
-        out = [torch.zeros(codes.shape[0], 0, device=self.device, dtype=self.dtype)]  # T = 0: empty audio
-        for start in range(0, codes.shape[1], max_chunk_frames):
-            chunk = codes[:, start:start + max_chunk_frames]
-            out.append(self.forward_chunk(chunk, states, pos))
-            pos = pos + chunk.shape[1]
-        return torch.cat(out, dim=-1)
 
     @classmethod
     def from_dir(cls, path: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
