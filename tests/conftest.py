@@ -63,3 +63,11 @@ def write_tiny_orpheus(path: Path, seed: int = 0) -> Path:
 @pytest.fixture(scope="session")
 def tiny_orpheus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_orpheus(tmp_path_factory.mktemp("orpheus-tiny-ckpt"))
+
+
+@pytest.fixture(scope="session")
+def tiny_csm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random CSM checkpoint written by transformers' save_pretrained (csm_helpers.write_tiny_csm)."""
+    from csm_helpers import write_tiny_csm
+
+    return write_tiny_csm(tmp_path_factory.mktemp("csm-tiny-ckpt"))

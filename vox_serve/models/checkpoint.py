@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -109,3 +109,56 @@ def pick_device(device: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise CheckpointError(f"--device {device}: CUDA is not available on this machine")
     return dev
+
+
+class TensorPool:
+    """A checkpoint's tensors by name, taken one by one, so a loader can say what was missing or left over."""
+
+    def __init__(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.pending = dict(tensors)
+
+    def take(self, name: str) -> torch.Tensor:
+        if name not in self.pending:
+            raise CheckpointError(f"checkpoint is missing {name}")
+        return self.pending.pop(name)
+
+    def take_prefix(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Every tensor under `prefix`, the prefix removed."""
+        return {k[len(prefix):]: self.pending.pop(k) for k in [k for k in self.pending if k.startswith(prefix)]}
+
+    def check_consumed(self) -> None:
+        if self.pending:
+            raise CheckpointError(f"checkpoint has unexpected weights {sorted(self.pending)[:8]}")
+
+
+_LAYER_RENAMES = (("self_attn.o_proj", "o_proj"), ("mlp.down_proj", "down_proj"),
+                  ("input_layernorm", "input_layernorm"), ("post_attention_layernorm", "post_attention_layernorm"))
+_QK_NORMS = (("self_attn.q_norm", "q_norm"), ("self_attn.k_norm", "k_norm"))
+
+
+def fused_decoder_weights(take: Callable[[str], torch.Tensor], src: str, dst: str, num_layers: int,
+                          qk_norm: bool = False) -> dict[str, torch.Tensor]:
+    """A transformers Llama/Qwen3 decoder stack (`{src}layers.N.self_attn.q_proj.weight`, ..., `{src}norm`) as
+    `vox_serve.layers.decoder.DecoderLayer` weights under `dst`, q/k/v and gate/up fused."""
+    values = {f"{dst}norm.weight": take(f"{src}norm.weight")}
+    renames = _LAYER_RENAMES + (_QK_NORMS if qk_norm else ())
+    for i in range(num_layers):
+        s, d = f"{src}layers.{i}.", f"{dst}layers.{i}."
+        values[d + "qkv_proj.weight"] = torch.cat([take(f"{s}self_attn.{p}_proj.weight") for p in "qkv"])
+        values[d + "gate_up_proj.weight"] = torch.cat([take(f"{s}mlp.{p}_proj.weight") for p in ("gate", "up")])
+        for theirs, ours in renames:
+            values[f"{d}{ours}.weight"] = take(f"{s}{theirs}.weight")
+    return values
+
+
+def copy_weights(params: dict[str, nn.Parameter], values: dict[str, torch.Tensor]) -> None:
+    """Copy `values` into the parameters of the same names; every parameter must get one, of its shape."""
+    missing = sorted(set(params) - set(values))
+    unknown = sorted(set(values) - set(params))
+    if missing or unknown:
+        raise CheckpointError(f"checkpoint is missing weights for {missing[:8]}; no parameter for {unknown[:8]}")
+    with torch.no_grad():
+        for name, value in values.items():
+            if params[name].shape != value.shape:
+                raise CheckpointError(f"{name}: checkpoint shape {tuple(value.shape)} != {tuple(params[name].shape)}")
+            params[name].copy_(value)

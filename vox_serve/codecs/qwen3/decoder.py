@@ -20,21 +20,15 @@ import os
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vox_serve.codecs.qwen3.layers import (
-    CausalConv,
-    CausalUpConv,
-    ConvNeXtBlock,
-    DecoderBlock,
-    SlidingWindowTransformer,
-    SnakeBeta,
-    StatefulLayer,
-)
+from vox_serve.codecs.codebooks import ProjectedCodebooks, projected_table
+from vox_serve.codecs.qwen3.layers import ConvNeXtBlock, DecoderBlock, SlidingWindowTransformer, SnakeBeta
+from vox_serve.codecs.slots import CodecSlots
+from vox_serve.codecs.streaming import CausalConv, CausalUpConv, StreamingCodecDecoder, assign_state_ids
 from vox_serve.codecs.weight_norm import fuse_weight_norm
 
-CLUSTER_USAGE_EPS = 1e-5  # the reference EuclideanCodebook's epsilon (not in config.json)
+Qwen3CodecSlots = CodecSlots  # the shared slot pool; the name the Qwen3-TTS program and tests use
 
 
 @dataclass(frozen=True)
@@ -99,23 +93,7 @@ def _rope_theta(dec: dict) -> float:
     return float(params.get("rope_theta", dec.get("rope_theta", Qwen3CodecConfig.rope_theta)))
 
 
-class ProjectedCodebooks(nn.Module):
-    """All groups' codebooks with their output projections folded in: codes [B, N, Q] -> [B, codebook_dim, N]."""
-
-    def __init__(self, num_quantizers: int, codebook_size: int, dim: int):
-        super().__init__()
-        self.codebook_size = codebook_size
-        self.tables = nn.Parameter(torch.zeros(num_quantizers, codebook_size, dim))
-        self.register_buffer("offsets", torch.arange(num_quantizers) * codebook_size, persistent=False)
-
-    def forward(self, codes: Tensor) -> Tensor:
-        # out-of-range codes are clamped rather than read out of bounds (the reference clamps -1 padding to 0)
-        idx = codes.clamp(0, self.codebook_size - 1) + self.offsets
-        emb = F.embedding(idx, self.tables.flatten(0, 1))  # [B, N, Q, dim]
-        return emb.float().sum(dim=2).to(self.tables.dtype).transpose(1, 2)
-
-
-class Qwen3CodecDecoder(nn.Module):
+class Qwen3CodecDecoder(StreamingCodecDecoder):
     """Codes [B, T, 16] -> audio; ``decode`` for whole utterances, ``Qwen3CodecSlots`` for streams."""
 
     def __init__(self, config: Qwen3CodecConfig):
@@ -134,24 +112,7 @@ class Qwen3CodecDecoder(nn.Module):
             CausalConv(c.latent_dim, c.decoder_dim, 7),
             *(DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(c.upsample_rates)),
             SnakeBeta(dims[-1]), CausalConv(dims[-1], 1, 7)])
-        stateful = [(n, m) for n, m in self.named_modules()
-                    if isinstance(m, StatefulLayer) and m.state_shape() is not None]
-        for i, (_, m) in enumerate(stateful):
-            m.state_id = i
-        self.state_names = [n for n, _ in stateful]
-        self.state_shapes = [m.state_shape() for _, m in stateful]
-
-    @property
-    def device(self) -> torch.device:
-        return self.quantizer.tables.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.quantizer.tables.dtype
-
-    def new_states(self, batch: int) -> list[Tensor]:
-        """Fresh streaming state of ``batch`` requests: zeros, i.e. the reference's zero left padding."""
-        return [torch.zeros(batch, *s, device=self.device, dtype=self.dtype) for s in self.state_shapes]
+        self.state_names, self.state_shapes = assign_state_ids(self)
 
     def forward_chunk(self, codes: Tensor, states: list[Tensor], pos: Tensor) -> Tensor:
         """codes [B, N, Q] of frames pos[b] .. pos[b]+N-1 -> pcm [B, N * samples_per_frame] in [-1, 1].
@@ -168,22 +129,6 @@ class Qwen3CodecDecoder(nn.Module):
         for m in self.decoder:
             h = m(h, states)
         return h.clamp(-1.0, 1.0)[:, 0]
-
-    @torch.no_grad()
-    def decode(self, codes: Tensor, max_chunk_frames: int = 300) -> Tensor:
-        """codes [B, T, Q] -> pcm [B, T * samples_per_frame] float, the exact causal decode.
-
-        Runs through a fresh state ``max_chunk_frames`` at a time to bound memory; the result does not
-        depend on it (streaming is exact).
-        """
-        states = self.new_states(codes.shape[0])
-        pos = torch.zeros(codes.shape[0], dtype=torch.int64, device=codes.device)
-        out = [torch.zeros(codes.shape[0], 0, device=self.device, dtype=self.dtype)]  # T = 0: empty audio
-        for start in range(0, codes.shape[1], max_chunk_frames):
-            chunk = codes[:, start:start + max_chunk_frames]
-            out.append(self.forward_chunk(chunk, states, pos))
-            pos = pos + chunk.shape[1]
-        return torch.cat(out, dim=-1)
 
     @classmethod
     def from_dir(cls, path: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
@@ -258,8 +203,7 @@ def fold_codebooks(sd: dict[str, Tensor], cfg: Qwen3CodecConfig) -> tuple[Tensor
         if any(n not in sd for n in names):
             missing += [n for n in names if n not in sd]
             continue
-        emb_sum, usage, proj = (sd[n].double() for n in names)
-        tables.append((emb_sum / usage.clamp(min=CLUSTER_USAGE_EPS)[:, None]) @ proj.flatten(1).T)
+        tables.append(projected_table(*(sd[n] for n in names)))
         for n in names[:2]:
             sd.pop(n)
     for group in ("rvq_first", "rvq_rest"):  # shared by the group's codebooks: popped once all are folded
@@ -267,46 +211,3 @@ def fold_codebooks(sd: dict[str, Tensor], cfg: Qwen3CodecConfig) -> tuple[Tensor
     if missing:
         return None, missing
     return torch.stack(tables).float(), []
-
-
-class Qwen3CodecSlots:
-    """Streaming state of up to ``num_slots`` requests in preallocated pools indexed by slot.
-
-    Pools: ``state`` [num_slots, state_numel] in the decoder's dtype, the concatenation of every causal
-    layer's left context and the transformer's key/value window (names and shapes in ``layout()``), and
-    ``pos`` [num_slots] int64, the next frame's index. ``decode_chunk`` reads and writes only the slots it
-    is given, with static shapes and no host synchronisation, so one captured graph per (batch, frames)
-    serves any set of requests.
-    """
-
-    def __init__(self, decoder: Qwen3CodecDecoder, num_slots: int):
-        self.decoder = decoder
-        self.shapes = decoder.state_shapes
-        self.sizes = [math.prod(s) for s in self.shapes]
-        self.state = torch.zeros(num_slots, sum(self.sizes), device=decoder.device, dtype=decoder.dtype)
-        self.pos = torch.zeros(num_slots, device=decoder.device, dtype=torch.int64)
-
-    def layout(self) -> list[tuple[str, tuple[int, ...]]]:
-        """(layer, per-slot shape) of each state entry, in pool order."""
-        return list(zip(self.decoder.state_names, self.shapes, strict=True))
-
-    @torch.no_grad()
-    def decode_chunk(self, codes: Tensor, slots: Tensor) -> Tensor:
-        """codes [B, N, Q] (the next N frames of each request), slots [B] int64 (distinct) -> pcm [B, N * 1920]."""
-        b = codes.shape[0]
-        flat = self.state.index_select(0, slots)
-        states = [part.unflatten(1, s) for part, s in zip(flat.split(self.sizes, dim=1), self.shapes, strict=True)]
-        pos = self.pos.index_select(0, slots)
-        pcm = self.decoder.forward_chunk(codes, states, pos)
-        self.state.index_copy_(0, slots, torch.cat([s.reshape(b, -1) for s in states], dim=1))
-        self.pos.index_copy_(0, slots, pos + codes.shape[1])
-        return pcm
-
-    def reset_slots(self, slots: Tensor) -> None:
-        """Make ``slots`` [K] int64 fresh (graph-safe)."""
-        self.state.index_fill_(0, slots, 0)
-        self.pos.index_fill_(0, slots, 0)
-
-    def reset_slot(self, slot: int) -> None:
-        self.state[slot].zero_()
-        self.pos[slot] = 0

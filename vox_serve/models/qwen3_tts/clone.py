@@ -21,9 +21,10 @@ from typing import Any
 import torch
 
 from vox_serve.audio_input import decode_audio, resample
-from vox_serve.codecs.qwen3.encoder import CodecEncoderConfig, Qwen3CodecEncoder
+from vox_serve.codecs.mimi.config import MimiConfig
+from vox_serve.codecs.mimi.encoder import MimiEncoder
 from vox_serve.core.request import Prompt
-from vox_serve.models.checkpoint import CheckpointError, init_random
+from vox_serve.models.checkpoint import CheckpointError, init_random, read_json
 from vox_serve.models.qwen3_tts.prompt import PromptIds, build_clone_prompt
 from vox_serve.models.qwen3_tts.speaker_encoder import SAMPLE_RATE, SpeakerEncoder, SpeakerEncoderConfig
 from vox_serve.models.qwen3_tts.stream import clone_streaming_prompt
@@ -37,7 +38,7 @@ CLONE_FIELDS = ("audio", "ref_text", "x_vector_only_mode")
 class VoiceCloner:
     """The Base model's two encoders, on the program's device, in float32."""
 
-    def __init__(self, speaker_encoder: SpeakerEncoder, codec_encoder: Qwen3CodecEncoder) -> None:
+    def __init__(self, speaker_encoder: SpeakerEncoder, codec_encoder: MimiEncoder) -> None:
         self.speaker_encoder, self.codec_encoder = speaker_encoder, codec_encoder
 
     def prompt(self, tokenizer: Any, ids: PromptIds, fields: dict[str, Any]) -> Prompt:
@@ -115,12 +116,12 @@ def load_cloner(cfg: dict[str, Any], model_dir: Path | None, codec_dir: Path | N
     else:
         _load_speaker_encoder(speaker_encoder, model_dir)
     if codec_dir is None:
-        config = CodecEncoderConfig.from_dict(codec_config) if codec_config else CodecEncoderConfig()
-        codec_encoder = Qwen3CodecEncoder.random(config, seed + 1)
+        config, valid = codec_encoder_config(codec_config or {})
+        codec_encoder = MimiEncoder.random(config, seed + 1, num_codebooks=valid or num_code_groups)
     else:
-        codec_encoder = Qwen3CodecEncoder.from_dir(str(codec_dir))
-    if codec_encoder.config.valid_quantizers != num_code_groups:
-        raise CheckpointError(f"the codec encoder keeps {codec_encoder.config.valid_quantizers} quantizers, "
+        codec_encoder = load_codec_encoder(codec_dir)
+    if codec_encoder.num_codebooks != num_code_groups:
+        raise CheckpointError(f"the codec encoder keeps {codec_encoder.num_codebooks} quantizers, "
                               f"the talker has {num_code_groups} code groups")
     if speaker_encoder.fc.out_channels != cfg["talker_config"]["hidden_size"]:
         raise CheckpointError("speaker_encoder_config.enc_dim differs from the talker's hidden_size")
@@ -141,3 +142,26 @@ def _load_speaker_encoder(encoder: SpeakerEncoder, model_dir: Path) -> None:
         raise CheckpointError(f"{model_dir}: speaker encoder weights missing {missing[:4]}, unexpected "
                               f"{unexpected[:4]}, of other shapes {bad[:4]}")
     encoder.load_state_dict(sd)
+
+
+def codec_encoder_config(tokenizer_config: dict[str, Any]) -> tuple[MimiConfig, int | None]:
+    """The 12 Hz tokenizer's Mimi encoder (`encoder_config`) and the codebooks it keeps
+    (`encoder_valid_num_quantizers`; None when not given)."""
+    return (MimiConfig.from_dict(tokenizer_config.get("encoder_config", {})),
+            tokenizer_config.get("encoder_valid_num_quantizers"))
+
+
+def load_codec_encoder(path: Path) -> MimiEncoder:
+    """The encoder half of a `speech_tokenizer/` folder (config.json + model.safetensors). As qwen-tts runs it
+    (transformers 4.57), its transformer attends over the whole clip (no sliding window)."""
+    from safetensors import safe_open
+
+    config, valid = codec_encoder_config(read_json(path / "config.json"))
+    encoder = MimiEncoder(config, num_codebooks=valid)
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:  # the decoder half stays unread
+        sd = {k[len("encoder."):]: f.get_tensor(k) for k in f.keys() if k.startswith("encoder.")}
+    try:
+        encoder.load_checkpoint(sd, source=str(path))
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from exc
+    return encoder.eval()

@@ -4,8 +4,8 @@ Both are Qwen3 decoders: RMSNorm on q and k per head, SwiGLU, no biases. The tal
 M-RoPE with interleaved sections, but for text-to-speech its three position streams (temporal,
 height, width) are all the token's sequence position (the reference's `get_rope_index` expands one
 stream three times, prompt and decode alike), so every section rotates by the same angle and M-RoPE
-is exactly 1D rope over the whole head. The code predictor uses plain rope over positions 0..G-1
-(G = code groups: the talker hidden, then one embedding per code group).
+is exactly 1D rope over the whole head. The code predictor (a `vox_serve.layers.depth.DepthTransformer`)
+uses plain rope over positions 0..G-1 (G = code groups: the talker hidden, then one embedding per code group).
 
 Codec embeddings: the talker's table (group 0 and control ids) and the predictor's tables (groups
 1..G-1) live in one matrix `codec_tables` with per-group row offsets, so the input embedding of a
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vox_serve.layers.decoder import Attend, DecoderDims, DecoderLayer, RMSNorm
+from vox_serve.layers.depth import DepthTransformer
 from vox_serve.layers.rope import RotaryEmbedding, rope_parameters
 
 
@@ -103,53 +104,14 @@ class Talker(nn.Module):
         return self.norm(x)
 
 
-class CodePredictor(nn.Module):
-    """Samples code groups 1..G-1 of a frame from the talker's hidden state and group-0 code.
-
-    Its KV cache is a static buffer of G positions per row (`allocate`), rewritten every frame.
-    """
+class CodePredictor(DepthTransformer):
+    """Samples code groups 1..G-1 of a frame from the talker's hidden state and group-0 code (positions:
+    the hidden state, then groups 0..G-2), with plain rope over positions 0..G-1."""
 
     def __init__(self, cfg: DecoderConfig, talker_hidden: int, num_code_groups: int) -> None:
-        super().__init__()
-        self.cfg, self.num_code_groups = cfg, num_code_groups
-        self.in_proj = (nn.Linear(talker_hidden, cfg.hidden_size, bias=True)
-                        if talker_hidden != cfg.hidden_size else nn.Identity())
-        self.layers = decoder_layers(cfg)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.heads = nn.Parameter(torch.empty(num_code_groups - 1, cfg.vocab_size, cfg.hidden_size))
-        self.rope = RotaryEmbedding(cfg.head_dim, num_code_groups,
-                                    {"rope_type": "default", "rope_theta": cfg.rope_theta})
-        self.k_cache: Tensor | None = None
-        self.v_cache: Tensor | None = None
-
-    def allocate(self, max_rows: int) -> None:
-        """The static KV buffers [layers, rows, G, kv heads, head dim], once, at the largest batch."""
-        c = self.cfg
-        shape = (c.num_layers, max_rows, self.num_code_groups, c.num_kv_heads, c.head_dim)
-        w = self.heads
-        self.k_cache = torch.zeros(shape, dtype=w.dtype, device=w.device)
-        self.v_cache = torch.zeros(shape, dtype=w.dtype, device=w.device)
-
-    def step(self, x: Tensor, start: int, head: int) -> Tensor:
-        """Inputs x [B, n, talker hidden] at positions start..start+n-1 -> float32 logits [B, vocab]
-        of the last position through head `head` (group head + 1)."""
-        b, n, _ = x.shape
-        h = self.in_proj(x).reshape(b * n, -1)
-        positions = torch.arange(start, start + n, device=x.device).repeat(b)
-        end = start + n
-
-        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            kc, vc = self.k_cache[layer], self.v_cache[layer]
-            kc[:b, start:end] = k.view(b, n, *k.shape[1:])
-            vc[:b, start:end] = v.view(b, n, *v.shape[1:])
-            qh = q.view(b, n, *q.shape[1:]).transpose(1, 2)  # [B, Hq, n, D]
-            # Positions >= end hold another frame's (or a padded row's) keys: masked out.
-            visible = torch.arange(self.num_code_groups, device=x.device)[None, :] <= positions[:n, None]
-            out = F.scaled_dot_product_attention(qh, kc[:b].transpose(1, 2), vc[:b].transpose(1, 2),
-                                                 attn_mask=visible, enable_gqa=True)
-            return out.transpose(1, 2).reshape(b * n, *q.shape[1:])
-
-        for layer in self.layers:
-            h = layer(h, positions, self.rope, attend)
-        last = self.norm(h.view(b, n, -1)[:, -1])
-        return (last @ self.heads[head].t()).float()
+        in_proj = (nn.Linear(talker_hidden, cfg.hidden_size, bias=True)
+                   if talker_hidden != cfg.hidden_size else nn.Identity())
+        super().__init__(dims=cfg, in_proj=in_proj, num_positions=num_code_groups,
+                         num_heads_out=num_code_groups - 1,
+                         rope={"rope_type": "default", "rope_theta": cfg.rope_theta}, qk_norm=True)
+        self.num_code_groups = num_code_groups

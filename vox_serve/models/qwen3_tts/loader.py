@@ -9,7 +9,7 @@ downloaded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,8 @@ from vox_serve.codecs.qwen3.decoder import Qwen3CodecConfig, Qwen3CodecDecoder
 from vox_serve.models.checkpoint import (
     CheckpointError,
     checkpoint_dir,
+    copy_weights,
+    fused_decoder_weights,
     init_random,
     iter_safetensors,
     read_json,
@@ -129,24 +131,6 @@ def build_modules(cfg: dict[str, Any], device: torch.device, max_model_len: int)
     return talker, predictor
 
 
-_LAYER_RENAMES = (("self_attn.o_proj", "o_proj"), ("self_attn.q_norm", "q_norm"), ("self_attn.k_norm", "k_norm"),
-                  ("mlp.down_proj", "down_proj"), ("input_layernorm", "input_layernorm"),
-                  ("post_attention_layernorm", "post_attention_layernorm"))
-
-
-def _decoder_values(take: Callable[[str], torch.Tensor], src: str, dst: str,
-                    num_layers: int) -> dict[str, torch.Tensor]:
-    """One decoder's layers and final norm, q/k/v and gate/up fused."""
-    values = {f"{dst}norm.weight": take(f"{src}norm.weight")}
-    for i in range(num_layers):
-        s, d = f"{src}layers.{i}.", f"{dst}layers.{i}."
-        values[d + "qkv_proj.weight"] = torch.cat([take(f"{s}self_attn.{p}_proj.weight") for p in "qkv"])
-        values[d + "gate_up_proj.weight"] = torch.cat([take(f"{s}mlp.{p}_proj.weight") for p in ("gate", "up")])
-        for theirs, ours in _LAYER_RENAMES:
-            values[f"{d}{ours}.weight"] = take(f"{s}{theirs}.weight")
-    return values
-
-
 def load_weights(talker: Talker, predictor: CodePredictor, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Load the reference's weight names (`talker.*`; the Base model's `speaker_encoder.*` is skipped),
     fusing q/k/v and gate/up, stacking the code tables and heads; raises on missing or extra keys."""
@@ -159,8 +143,9 @@ def load_weights(talker: Talker, predictor: CodePredictor, tensors: Iterable[tup
 
     groups = talker.num_code_groups
     values = {
-        **_decoder_values(take, "talker.model.", "talker.", talker.cfg.num_layers),
-        **_decoder_values(take, "talker.code_predictor.model.", "predictor.", predictor.cfg.num_layers),
+        **fused_decoder_weights(take, "talker.model.", "talker.", talker.cfg.num_layers, qk_norm=True),
+        **fused_decoder_weights(take, "talker.code_predictor.model.", "predictor.", predictor.cfg.num_layers,
+                                qk_norm=True),
         "talker.codec_tables": torch.cat(
             [take("talker.model.codec_embedding.weight")]
             + [take(f"talker.code_predictor.model.codec_embedding.{g}.weight") for g in range(groups - 1)]),
@@ -176,19 +161,8 @@ def load_weights(talker: Talker, predictor: CodePredictor, tensors: Iterable[tup
             values[f"predictor.in_proj.{leaf}"] = take(f"talker.code_predictor.small_to_mtp_projection.{leaf}")
     if pending:
         raise CheckpointError(f"checkpoint has unexpected weights {sorted(pending)[:8]}")
-    _copy_into({f"talker.{k}": p for k, p in talker.named_parameters()}
+    copy_weights({f"talker.{k}": p for k, p in talker.named_parameters()}
                | {f"predictor.{k}": p for k, p in predictor.named_parameters()}, values)
-
-
-def _copy_into(params: dict[str, torch.nn.Parameter], values: dict[str, torch.Tensor]) -> None:
-    missing = sorted(set(params) - set(values))
-    if missing:
-        raise CheckpointError(f"checkpoint is missing weights for {missing[:8]}")
-    with torch.no_grad():
-        for name, value in values.items():
-            if params[name].shape != value.shape:
-                raise CheckpointError(f"{name}: checkpoint shape {tuple(value.shape)} != {tuple(params[name].shape)}")
-            params[name].copy_(value)
 
 
 def _codec_dir(model_dir: Path | None, codec_path: str | None) -> Path | None:

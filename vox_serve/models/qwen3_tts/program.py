@@ -161,17 +161,9 @@ class Qwen3TTSProgram(Program):
 
     def _sample_rest(self, hidden: torch.Tensor, first: torch.Tensor, b: LmBatch) -> torch.Tensor:
         """The code predictor: groups 1..G-1 after group 0; returns the frame [n, G]."""
-        codes = [first]
-        x = torch.stack([hidden, self.talker.codec_embedding(0, first)], dim=1)  # [n, 2, H]
-        for group in range(1, self.num_groups):
-            # Predictor positions: 0 the talker's hidden state, g the code of group g (0 .. G-2); the
-            # first step feeds positions 0 and 1, each later one the code just sampled.
-            logits = self.predictor.step(x, start=0 if group == 1 else group, head=group - 1)
-            # No history: the reference's sub-talker samples without repetition penalty.
-            code = kernels.sample(logits, self._sampling(b, group))
-            codes.append(code)
-            x = self.talker.codec_embedding(group, code).unsqueeze(1)
-        return torch.stack(codes, dim=1)
+        # No history: the reference's sub-talker samples without repetition penalty.
+        return self.predictor.sample_frame(hidden, first, self.talker.codec_embedding,
+                                           lambda logits, group: kernels.sample(logits, self._sampling(b, group)))
 
     # ---- codec ---------------------------------------------------------------------------
     def decode_audio(self, window: CodecWindow, frames: int) -> torch.Tensor:

@@ -1,0 +1,94 @@
+"""A depth transformer: a small decoder run afresh for every frame of a multi-codebook LM, over a fixed
+number of positions, with a static KV cache (Qwen3-TTS's code predictor, CSM's depth decoder).
+
+Position 0 holds the LM's hidden state for the frame; position p >= 1 the embedding of the frame's code
+p - 1 (from the LM's tables); every input goes through `in_proj` first (a projector to the depth
+transformer's width, or the identity). `step` runs the next positions of every row and returns the logits
+of the last one through one of the per-codebook heads. The KV cache [layers, rows, positions, KV heads,
+head dim] is allocated once at the largest batch (`allocate`) and rewritten every frame, so a step is
+capturable: static shapes, no host synchronisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vox_serve.layers.decoder import DecoderDims, DecoderLayer, RMSNorm
+from vox_serve.layers.rope import RotaryEmbedding
+
+
+class DepthTransformer(nn.Module):
+    """`heads` [num_heads_out, vocab, hidden]: head i predicts from position i + 1 (the code after it)."""
+
+    def __init__(self, *, dims: DecoderDims, in_proj: nn.Module, num_positions: int, num_heads_out: int,
+                 rope: dict[str, Any], qk_norm: bool) -> None:
+        super().__init__()
+        self.cfg, self.num_positions = dims, num_positions
+        self.in_proj = in_proj
+        self.layers = nn.ModuleList(
+            DecoderLayer(dims.hidden_size, dims.intermediate_size, dims.num_heads, dims.num_kv_heads, dims.head_dim,
+                         dims.rms_norm_eps, i, qk_norm=qk_norm)
+            for i in range(dims.num_layers))
+        self.norm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+        self.heads = nn.Parameter(torch.empty(num_heads_out, dims.vocab_size, dims.hidden_size))
+        self.rope = RotaryEmbedding(dims.head_dim, num_positions, rope)
+        self.k_cache: Tensor | None = None
+        self.v_cache: Tensor | None = None
+
+    def allocate(self, max_rows: int) -> None:
+        """The static KV buffers [layers, rows, positions, kv heads, head dim], once, at the largest batch."""
+        c = self.cfg
+        shape = (c.num_layers, max_rows, self.num_positions, c.num_kv_heads, c.head_dim)
+        w = self.heads
+        self.k_cache = torch.zeros(shape, dtype=w.dtype, device=w.device)
+        self.v_cache = torch.zeros(shape, dtype=w.dtype, device=w.device)
+
+    def step(self, x: Tensor, start: int, head: int) -> Tensor:
+        """Inputs x [B, n, input width] at positions start..start+n-1 -> float32 logits [B, vocab] of the last
+        position through head `head`."""
+        b, n, _ = x.shape
+        h = self.in_proj(x).reshape(b * n, -1)
+        positions = torch.arange(start, start + n, device=x.device).repeat(b)
+        end = start + n
+
+        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            kc, vc = self.k_cache[layer], self.v_cache[layer]
+            kc[:b, start:end] = k.view(b, n, *k.shape[1:])
+            vc[:b, start:end] = v.view(b, n, *v.shape[1:])
+            qh = q.view(b, n, *q.shape[1:]).transpose(1, 2)  # [B, Hq, n, D]
+            # Positions >= end hold another frame's (or a padded row's) keys: masked out.
+            visible = torch.arange(self.num_positions, device=x.device)[None, :] <= positions[:n, None]
+            out = F.scaled_dot_product_attention(qh, kc[:b].transpose(1, 2), vc[:b].transpose(1, 2),
+                                                 attn_mask=visible, enable_gqa=True)
+            return out.transpose(1, 2).reshape(b * n, *q.shape[1:])
+
+        for layer in self.layers:
+            h = layer(h, positions, self.rope, attend)
+        last = self.norm(h.view(b, n, -1)[:, -1])
+        return (last @ self.heads[head].t()).float()
+
+    def sample_frame(self, hidden: Tensor, first: Tensor, embed: Callable[[int, Tensor], Tensor],
+                     sample: Callable[[Tensor, int], Tensor]) -> Tensor:
+        """The rest of a frame after its first code: hidden [n, H] (the LM's, position 0) and first [n]
+        (codebook 0, position 1) -> the frame [n, num_heads_out + 1].
+
+        `embed(k, codes)` gives the LM-side embeddings [n, H] of codebook k's codes; `sample(logits, k)` the
+        codes [n] of codebook k from its float32 logits [n, vocab].
+        """
+        codes = [first]
+        x = torch.stack([hidden, embed(0, first)], dim=1)  # [n, 2, H]
+        for k in range(1, self.heads.shape[0] + 1):
+            # The first step feeds positions 0 and 1, each later one the code just sampled.
+            code = sample(self.step(x, start=0 if k == 1 else k, head=k - 1), k)
+            codes.append(code)
+            x = embed(k, code).unsqueeze(1)
+        return torch.stack(codes, dim=1)
+
+    def memory_bytes(self) -> int:
+        caches = [c for c in (self.k_cache, self.v_cache) if c is not None]
+        return sum(c.numel() * c.element_size() for c in caches)
