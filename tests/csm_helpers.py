@@ -15,7 +15,7 @@ import torch
 from vox_serve.models.csm.layers import sample_frame, stop_rows
 from vox_serve.models.csm.loader import CSM_TINY_CONFIG, CsmModules
 from vox_serve.models.tokenizers.byte_level import CSM_SPECIAL_TOKENS, byte_level_tokenizer
-from vox_serve.rt.attention import AttentionBuffers, AttentionPlan, TorchAttentionBackend
+from vox_serve.rt.attention import AttentionBuffers, AttentionPlan, PlanInputs, TorchAttentionBackend
 
 PAGE_SIZE = 16
 INIT_STD = 0.2  # random weights with visibly different logits (transformers' default 0.02 is nearly uniform)
@@ -145,7 +145,8 @@ class EagerGenerator:
         bufs = AttentionBuffers(page_table=pages.int().to(dev), kv_lens=torch.tensor(kv_lens, dtype=torch.int32,
                                                                                       device=dev),
                                 qo_indptr=indptr.to(dev), slot_mapping=slots.to(dev))
-        self.attn.plan(AttentionPlan(num_seqs=len(rows), qo_lens=qo_lens, kv_lens=kv_lens), bufs)
+        plan = AttentionPlan(num_seqs=len(rows), qo_lens=qo_lens, kv_lens=kv_lens, decode=max(qo_lens) == 1)
+        self.attn.plan(plan, PlanInputs(None, None, None, None, max_pages_per_seq=pages.shape[1]))
         hidden = self.m.backbone(ids.to(dev), positions.to(dev),
                                  lambda layer, q, k, v: self.attn.forward(layer, q, k, v, bufs))
         return hidden[indptr[1:].long().to(dev) - 1]

@@ -17,7 +17,7 @@ from torch import Tensor
 from vox_serve.models.zonos import delay, sampling
 from vox_serve.models.zonos.config import NUM_CODEBOOKS
 from vox_serve.models.zonos.lm import ZonosLM
-from vox_serve.rt.attention import AttentionBuffers, AttentionPlan, make_attention_backend
+from vox_serve.rt.attention import AttentionBuffers, AttentionPlan, PlanInputs, make_attention_backend
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "zonos"
 PAGE_SIZE = 4
@@ -48,8 +48,8 @@ class PagedRows:
             page_table=self.pages.to(dev), kv_lens=torch.tensor(kv_lens, dtype=torch.int32, device=dev),
             qo_indptr=torch.tensor([0, *torch.tensor(qo_lens).cumsum(0).tolist()], dtype=torch.int32, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev))
-        pages = [self.pages[i, : -(-k // PAGE_SIZE)].tolist() for i, k in enumerate(kv_lens)]
-        self.backend.plan(AttentionPlan(len(qo_lens), qo_lens, kv_lens, pages, len(qo_lens)), bufs)
+        plan = AttentionPlan(len(qo_lens), qo_lens, kv_lens, num_rows=len(qo_lens), decode=max(qo_lens) == 1)
+        self.backend.plan(plan, PlanInputs(None, None, None, None, max_pages_per_seq=self.max_pages))
         self.lens = kv_lens
         return bufs
 
