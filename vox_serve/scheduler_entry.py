@@ -32,12 +32,14 @@ from vox_serve.engine_loop import EngineLoop
 from vox_serve.request_builder import FieldError, build_request
 from vox_serve.scheduler.base import QueueFull
 from vox_serve.text_sessions import InputSession, TextStreaming
+from vox_serve.voice_prompt import SAVED_VOICE_FIELD, VoiceFileError, VoicePrompt
 
 log = logging.getLogger("vox_serve.scheduler_entry")
 
 IDLE_POLL_S = 0.05  # longest wait for a message while nothing runs
 STATS_INTERVAL_S = 0.2
 Preprocess = Callable[[dict[str, Any]], list[list[int]] | EmbeddedPrompt]
+VoiceEncoder = Callable[[bytes, str | None], VoicePrompt]  # (reference audio, its transcript) -> prompt
 
 
 class SchedulerService:
@@ -47,14 +49,16 @@ class SchedulerService:
     ends with exactly one Finished or Failed message. `streamer` (the program, for a model whose meta
     has a `streamed_text_column`) starts input-streaming requests before their text ends
     (text_sessions.py); without it, a session's text is collected and the request starts at its end.
+    `voice_encoder` (models that clone voices) computes saved voices' prompts (EncodeVoice); a request
+    naming a saved voice brings that prompt, which its preprocess finds in SAVED_VOICE_FIELD.
     """
 
     def __init__(self, loop: EngineLoop, preprocess: Preprocess, config: VoxConfig,
                  send: Callable[[Any], None], replica: int = 0, incarnation: int = 0,
-                 streamer: TextStreaming | None = None) -> None:
+                 streamer: TextStreaming | None = None, voice_encoder: VoiceEncoder | None = None) -> None:
         self.loop, self.scheduler = loop, loop.scheduler
         self.meta, self.preprocess, self.send = loop.scheduler.meta, preprocess, send
-        self.streamer = streamer
+        self.streamer, self.voice_encoder = streamer, voice_encoder
         self.greedy = config.bench.greedy
         self.replica, self.incarnation = replica, incarnation
         self.sessions: dict[str, InputSession] = {}
@@ -64,7 +68,7 @@ class SchedulerService:
         self._abort_codes: dict[str, ipc.ErrorCode | None] = {}
         self._handlers: dict[type, Callable[[Any], None]] = {
             ipc.Submit: self._on_submit, ipc.AppendText: self._on_append, ipc.EndText: self._on_end,
-            ipc.Abort: self._on_abort, ipc.Shutdown: self._on_shutdown,
+            ipc.Abort: self._on_abort, ipc.Shutdown: self._on_shutdown, ipc.EncodeVoice: self._on_encode_voice,
         }
 
     # ---- messages in ---------------------------------------------------------------------
@@ -85,8 +89,14 @@ class SchedulerService:
         if msg.req_id in self.scheduler.requests or msg.req_id in self.sessions:
             self._reply_failed(msg.req_id, ipc.ErrorCode.INTERNAL, f"request id {msg.req_id!r} is already in use")
             return
+        try:
+            voice = VoicePrompt.from_bytes(msg.voice_prompt) if msg.voice_prompt else None
+        except VoiceFileError as exc:
+            self._reply_failed(msg.req_id, ipc.ErrorCode.INVALID_FIELD, f"voice: the saved voice is unusable: {exc}",
+                               "voice")
+            return
         if not msg.input_streaming:
-            req = self._admit(msg.req_id, msg.fields, msg.default_seed, msg.audio)
+            req = self._admit(msg.req_id, msg.fields, msg.default_seed, msg.audio, voice=voice)
             if req is not None:
                 self.send(ipc.Started(msg.req_id, req.prompt_len))
             return
@@ -100,11 +110,11 @@ class SchedulerService:
             return
         if self.streamer is not None:
             try:
-                self.streamer.check_streaming_fields({**msg.fields, "audio": msg.audio})
+                self.streamer.check_streaming_fields({**msg.fields, "audio": msg.audio, SAVED_VOICE_FIELD: voice})
             except FieldError as exc:
                 self._reply_failed(msg.req_id, ipc.ErrorCode.INVALID_FIELD, str(exc), exc.field)
                 return
-        self.sessions[msg.req_id] = InputSession(dict(msg.fields), msg.default_seed, msg.audio)
+        self.sessions[msg.req_id] = InputSession(dict(msg.fields), msg.default_seed, msg.audio, voice=voice)
         self.send(ipc.Started(msg.req_id, 0))
 
     def _on_append(self, msg: ipc.AppendText) -> None:
@@ -134,7 +144,7 @@ class SchedulerService:
             self._stream_text(msg.req_id, session, ended=True)
             return
         fields = {**session.fields, "text": session.text}
-        self._admit(msg.req_id, fields, session.default_seed, session.audio)
+        self._admit(msg.req_id, fields, session.default_seed, session.audio, voice=session.voice)
 
     def _stream_text(self, req_id: str, session: InputSession, ended: bool) -> None:
         """Hand on the session's newly stable text ids: the first ones start the request, the
@@ -151,11 +161,23 @@ class SchedulerService:
             return
         fields = {**session.fields, "text": session.text}
         req = self._admit(req_id, fields, session.default_seed, session.audio,
-                          lambda clean: self.streamer.preprocess_streaming(clean, ids[:n]), TextFeed(ids[n:], ended))
+                          lambda clean: self.streamer.preprocess_streaming(clean, ids[:n]), TextFeed(ids[n:], ended),
+                          voice=session.voice)
         if req is None:
             self.sessions.pop(req_id, None)
             return
         session.started = True
+
+    def _on_encode_voice(self, msg: ipc.EncodeVoice) -> None:
+        if self.voice_encoder is None:
+            self._reply_failed(msg.req_id, ipc.ErrorCode.UNSUPPORTED, f"model {self.meta.name} does not clone voices")
+            return
+        try:
+            voice = self.voice_encoder(msg.audio, msg.ref_text)
+        except FieldError as exc:
+            self._reply_failed(msg.req_id, ipc.ErrorCode.INVALID_FIELD, str(exc), exc.field)
+            return
+        self.send(ipc.VoiceEncoded(msg.req_id, voice.to_bytes(msg.name, self.meta.name, msg.created_at)))
 
     def _on_abort(self, msg: ipc.Abort) -> None:
         session = self.sessions.pop(msg.req_id, None)
@@ -174,12 +196,16 @@ class SchedulerService:
 
     # ---- requests ------------------------------------------------------------------------
     def _admit(self, req_id: str, fields: dict[str, Any], seed: int, audio: bytes,
-               preprocess: Preprocess | None = None, text_feed: TextFeed | None = None) -> Request | None:
-        """Build the request (with `preprocess`, default the program's) and queue it; on a problem,
-        answer Failed and return None."""
+               preprocess: Preprocess | None = None, text_feed: TextFeed | None = None,
+               voice: VoicePrompt | None = None) -> Request | None:
+        """Build the request (with `preprocess`, default the program's, given the saved `voice` if any)
+        and queue it; on a problem, answer Failed and return None."""
         fields = {**fields, "audio": audio} if audio else fields
+        run = preprocess or self.preprocess
+        if voice is not None:
+            run = _with_voice(run, voice)
         try:
-            req = build_request(self.meta, preprocess or self.preprocess, fields, req_id, self.greedy, seed)
+            req = build_request(self.meta, run, fields, req_id, self.greedy, seed)
         except FieldError as exc:
             self._reply_failed(req_id, ipc.ErrorCode.INVALID_FIELD, str(exc), exc.field)
             return None
@@ -309,6 +335,10 @@ def serve(service: SchedulerService, conn: Connection, parent_pid: int) -> None:
     service.loop.drain()
 
 
+def _with_voice(preprocess: Preprocess, voice: VoicePrompt) -> Preprocess:
+    return lambda clean: preprocess({**clean, SAVED_VOICE_FIELD: voice})
+
+
 def replica_config(config: VoxConfig, replica: int) -> VoxConfig:
     """The config of one replica: replica i runs on GPU i (CPU replicas share the CPU)."""
     device, dp_size = config.model.device, config.server.dp_size
@@ -364,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         conn.close(linger_s=2.0)
         return 1
     service = SchedulerService(loop, program.preprocess, config, conn.send, args.replica, args.incarnation,
-                               streamer=program if program.meta.streamed_text_column is not None else None)
+                               streamer=program if program.meta.streamed_text_column is not None else None,
+                               voice_encoder=getattr(program, "encode_voice", None))
     conn.send(ipc.Ready(args.replica, args.incarnation, os.getpid(), str(program.device),
                         program.meta.to_dict(), asdict(program.limits)))
     log.info("ready on %s: model %s, %d KV pages", program.device, program.meta.name, program.limits.num_pages - 1)

@@ -37,6 +37,7 @@ _CODECS: dict[AudioFormat, tuple[str, str, int | None]] = {
 
 class Encoder(Protocol):
     media_type: str
+    in_thread: bool  # worth a worker thread (a codec runs); False when it only copies bytes
 
     def encode(self, pcm16: bytes) -> bytes:
         """The output bytes that `pcm16` (little-endian int16 mono at the model's rate) completes."""
@@ -136,6 +137,7 @@ class PcmEncoder:
     def __init__(self, pipeline: _Pipeline | None, rate: int, wav: bool, streaming: bool) -> None:
         self.pipeline, self.rate, self.wav, self.streaming = pipeline, rate, wav, streaming
         self.media_type = (AudioFormat.WAV if wav else AudioFormat.PCM).media_type
+        self.in_thread = pipeline is not None
         self._header = wav_header(rate, None) if wav and streaming else b""
         self._held: list[bytes] = []  # a whole WAV waits for its length
 
@@ -169,6 +171,7 @@ class ContainerEncoder:
 
         muxer, codec, bit_rate = _CODECS[fmt]
         self.media_type, self.pipeline = fmt.media_type, pipeline
+        self.in_thread = True
         self._sink = _Sink()
         options = {"page_duration": str(OGG_PAGE_DURATION_US)} if muxer == "ogg" else {}
         self._container = av.open(self._sink, mode="w", format=muxer, options=options)
