@@ -135,6 +135,9 @@ class Stats:
     num_aborted: int
     num_failed: int
     num_steps: int
+    num_running: int = 0  # admitted requests generating tokens
+    # stage -> [launches, seconds, launches per stage_stats.STAGE_BUCKETS_S bucket and +Inf], cumulative
+    stage_times: dict[str, list[float]] = field(default_factory=dict)
 
 
 @message

@@ -31,6 +31,7 @@ from vox_serve.core.request import EmbeddedPrompt, Request, RequestStatus, TextF
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.request_builder import FieldError, build_request
 from vox_serve.scheduler.base import QueueFull
+from vox_serve.stage_stats import StageStats, TimedWorker
 from vox_serve.text_sessions import InputSession, TextStreaming
 from vox_serve.voice_prompt import SAVED_VOICE_FIELD, VoiceFileError, VoicePrompt
 
@@ -59,6 +60,8 @@ class SchedulerService:
         self.loop, self.scheduler = loop, loop.scheduler
         self.meta, self.preprocess, self.send = loop.scheduler.meta, preprocess, send
         self.streamer, self.voice_encoder = streamer, voice_encoder
+        self.stage_stats = StageStats()  # step time by stage, for /metrics: the loop's worker reports it
+        loop.worker = TimedWorker(loop.worker, self.stage_stats)
         self.greedy = config.bench.greedy
         self.replica, self.incarnation = replica, incarnation
         self.sessions: dict[str, InputSession] = {}
@@ -275,7 +278,8 @@ class SchedulerService:
             self.replica, self.incarnation, num_active=self.scheduler.num_active,
             num_waiting=len(self.scheduler.waiting), num_sessions=len(self.sessions), pools=self.pools(),
             num_finished=self.num_finished, num_aborted=self.num_aborted, num_failed=self.num_failed,
-            num_steps=self.loop.num_steps,
+            num_steps=self.loop.num_steps, num_running=len(self.scheduler.running),
+            stage_times=self.stage_stats.to_wire(),
         )
 
     def pools(self) -> dict[str, list[int]]:

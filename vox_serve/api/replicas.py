@@ -89,6 +89,7 @@ class RequestHandle:
         self.done = False
         self.opened = time.monotonic()
         self.prompt_len = 0  # from the replica's Started
+        self.counted = True  # a speech request (metrics count it); False for a voice encoding
 
 
 @dataclass
@@ -301,6 +302,20 @@ class ReplicaManager:
             retry = event.code in (ipc.ErrorCode.QUEUE_FULL, ipc.ErrorCode.REPLICA_DIED)
             if not (retry and self._candidates(tried)):
                 raise ApiError.from_failed(event)
+
+    async def encode_voice(self, name: str, audio: bytes, ref_text: str | None) -> bytes:
+        """A saved voice's file, computed by a replica's encoders; raises ApiError when refused."""
+        handle = self._open(self._pick(set()), time.monotonic() + self.config.server.request_timeout_s)
+        handle.counted = False
+        try:
+            if not self._send_to(handle, ipc.EncodeVoice(handle.req_id, name, int(time.time()), ref_text, audio)):
+                raise ApiError.unavailable(f"replica {handle.replica} cannot take the request")
+            event = await handle.events.get()
+        finally:
+            self._close(handle)
+        if isinstance(event, ipc.Failed):
+            raise ApiError.from_failed(event)
+        return event.prompt
 
     def send_text(self, handle: RequestHandle, text: str) -> bool:
         return self._send_to(handle, ipc.AppendText(handle.req_id, text))
