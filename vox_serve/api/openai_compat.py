@@ -25,12 +25,13 @@ from vox_serve.request_builder import FieldError
 
 # vox-serve field -> the name an OpenAI request uses for it
 OPENAI_NAMES = {"text": "input", "instruct": "instructions"}
+UNKNOWN_FIELD = "unknown_field"  # an error about a name the client sent as is: never renamed
 
 
 def openai_error(exc: ApiError) -> JSONResponse:
     status = 400 if exc.status == 422 else exc.status
     kind = "server_error" if status >= 500 else "invalid_request_error"
-    param = OPENAI_NAMES.get(exc.field, exc.field) if exc.field else None
+    param = exc.field if exc.type == UNKNOWN_FIELD else OPENAI_NAMES.get(exc.field, exc.field) if exc.field else None
     message = exc.message
     if exc.field and param != exc.field and message.startswith(f"{exc.field}:"):
         message = f"{param}:{message[len(exc.field) + 1:]}"

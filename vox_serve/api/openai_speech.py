@@ -24,7 +24,7 @@ from starlette.responses import Response
 from vox_serve.api.body import read_fields
 from vox_serve.api.errors import ApiError
 from vox_serve.api.generate import context, max_upload_bytes
-from vox_serve.api.openai_compat import OpenAIRoute, openai_error
+from vox_serve.api.openai_compat import UNKNOWN_FIELD, OpenAIRoute, openai_error
 from vox_serve.api.speech_request import check_upload, resolve_voice, segment_fields
 from vox_serve.api.speech_stream import SpeechResponse, SpeechSource, encoded_audio, run_encoder
 from vox_serve.formats import AudioFormat, EncodeOptions
@@ -64,7 +64,7 @@ async def create_speech(request: Request) -> Response:
     body, audio = await read_fields(request, max_upload_bytes(config))
     check_model(request, body.get("model"))
     if "text" in body:
-        raise FieldError("text", "this route takes the text as `input`")
+        raise ApiError(400, "text: not a field of this route, which takes the text as `input`", "text", UNKNOWN_FIELD)
     voice = resolve_voice(meta, request.app.state.voices, body.get("voice"))
     fields = {k: v for k, v in body.items() if k not in _OPENAI_FIELDS}
     fields["text"] = body.get("input")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.meta import ProgramMeta
 
 SLOW_CHARS_PER_S = 10.0  # a slow speaker: fewer characters per second means more audio tokens per character
 PROMPT_TOKENS_PER_CHAR = 1.0  # at most one prompt token per character (byte-level and BPE tokenizers)
@@ -26,10 +26,10 @@ def audio_tokens_per_second(meta: ProgramMeta) -> float:
     return meta.sample_rate / meta.samples_per_frame * rows_per_frame
 
 
-def segment_chars(meta: ProgramMeta, limits: EngineLimits) -> int:
-    """The most characters of text one segment may hold."""
+def segment_chars(meta: ProgramMeta, max_model_len: int) -> int:
+    """The most characters of text one segment may hold, for a context of max_model_len tokens."""
     tokens_per_char = audio_tokens_per_second(meta) / SLOW_CHARS_PER_S + PROMPT_TOKENS_PER_CHAR
-    return max(1, min(meta.max_text_chars, int(CONTEXT_SHARE * limits.max_model_len / tokens_per_char)))
+    return max(1, min(meta.max_text_chars, int(CONTEXT_SHARE * max_model_len / tokens_per_char)))
 
 
 def split_sentences(text: str) -> list[str]:

@@ -58,7 +58,7 @@ def segment_fields(manager: ReplicaManager, config: VoxConfig, fields: dict[str,
     meta, limits = manager.require_meta(), manager.limits
     assert limits is not None
     text = check_length(config, fields.get("text"))
-    parts = plan_segments(text, segment_chars(meta, limits))
+    parts = plan_segments(text, segment_chars(meta, limits.max_model_len))
     return [validate_fields(meta, {**fields, "text": part}) for part in parts]
 
 
