@@ -81,7 +81,7 @@ async def create_speech(request: Request) -> Response:
     if whole and stream_format == "sse":
         raise FieldError("streaming", "stream_format sse always streams")
     segments = segment_fields(manager, config, fields)
-    await check_upload(meta, audio, voice)
+    await check_upload(meta, audio, voice.prompt)
     source = SpeechSource(manager, segments, audio or b"", voice.prompt)
     await source.start()
     encoder = make_encoder(options, meta.sample_rate, streaming=not whole)

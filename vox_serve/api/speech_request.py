@@ -44,6 +44,19 @@ def resolve_voice(meta: ProgramMeta, store: VoiceStore | None, voice: Any) -> Vo
     raise FieldError("voice", f"{voice!r} is not a voice of model {meta.name}; {known} (GET /v1/audio/voices)")
 
 
+def take_saved_voice(meta: ProgramMeta, store: VoiceStore | None, fields: dict[str, Any]) -> bytes:
+    """For the native routes: when `voice` (or its alias `speaker`) names a saved voice rather than a
+    built-in one, remove it from the fields and return the voice's prompt; else b"" (fields untouched)."""
+    key = next((k for k in ("voice", "speaker") if k in fields), None)
+    name = fields.get(key) if key else None
+    if not isinstance(name, str) or store is None or name.lower() in (v.lower() for v in meta.voices):
+        return b""
+    prompt = store.prompt(meta.name, name)
+    if prompt is not None:
+        del fields[key]
+    return prompt or b""
+
+
 def check_length(config: VoxConfig, text: Any) -> str:
     if not isinstance(text, str) or not text.strip():
         raise FieldError("text", "is required and must not be empty")
@@ -62,7 +75,8 @@ def segment_fields(manager: ReplicaManager, config: VoxConfig, fields: dict[str,
     return [validate_fields(meta, {**fields, "text": part}) for part in parts]
 
 
-async def check_upload(meta: ProgramMeta, audio: bytes | None, voice: Voice) -> None:
-    if audio is not None and voice.prompt:
+async def check_upload(meta: ProgramMeta, audio: bytes | None, voice_prompt: bytes) -> None:
+    """The upload is decodable audio the model takes, and not given beside a saved voice."""
+    if audio is not None and voice_prompt:
         raise FieldError("voice", "a saved voice brings its own reference audio; send `voice` or `audio`, not both")
     await check_audio(meta, audio)
