@@ -27,6 +27,8 @@ from vox_serve.api.generate import context, max_upload_bytes
 from vox_serve.api.openai_compat import UNKNOWN_FIELD, OpenAIRoute, openai_error
 from vox_serve.api.speech_request import check_upload, resolve_voice, segment_fields
 from vox_serve.api.speech_stream import SpeechResponse, SpeechSource, encoded_audio, run_encoder
+from vox_serve.config import VoxConfig
+from vox_serve.core.meta import ProgramMeta
 from vox_serve.formats import AudioFormat, EncodeOptions
 from vox_serve.formats.encoders import Encoder, make_encoder
 from vox_serve.request_builder import FieldError
@@ -40,11 +42,9 @@ _OPENAI_FIELDS = ("model", "input", "voice", "instructions", "response_format", 
 SSE_MEDIA_TYPE = "text/event-stream"
 
 
-def check_model(request: Request, model: Any) -> None:
-    manager, config = context(request)
-    meta = manager.require_meta()
-    names = (meta.name, config.model.model, *OPENAI_MODEL_NAMES)
-    if model not in names:
+def check_model(meta: ProgramMeta, config: VoxConfig, model: Any) -> None:
+    """`model` must name the served model (its name, its --model, or one of OpenAI's TTS model names)."""
+    if model not in (meta.name, config.model.model, *OPENAI_MODEL_NAMES):
         raise ApiError(404, f"model: {model!r} is not served here; this server serves {meta.name!r} "
                             f"(GET /v1/models)", "model", "model_not_found")
 
@@ -62,7 +62,7 @@ async def create_speech(request: Request) -> Response:
     manager, config = context(request)
     meta = manager.require_meta()
     body, audio = await read_fields(request, max_upload_bytes(config))
-    check_model(request, body.get("model"))
+    check_model(meta, config, body.get("model"))
     if "text" in body:
         raise ApiError(400, "text: not a field of this route, which takes the text as `input`", "text", UNKNOWN_FIELD)
     voice = resolve_voice(meta, request.app.state.voices, body.get("voice"))

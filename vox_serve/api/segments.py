@@ -102,3 +102,30 @@ def _merge_blank(segments: list[str]) -> list[str]:
         else:
             out.append(segment)
     return out
+
+
+class SentenceBuffer:
+    """Text that arrives in pieces -> segments as soon as they are complete sentences (for models
+    without input streaming: each segment starts once its sentences are known)."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self.text = ""
+
+    def push(self, piece: str) -> list[str]:
+        """The segments that `piece` completes: every whole sentence so far, packed up to max_chars;
+        text past max_chars without a sentence end is cut at the best boundary too."""
+        self.text += piece
+        sentences = split_sentences(self.text)
+        done, rest = sentences[:-1], sentences[-1] if sentences else ""
+        segments = plan_segments("".join(done), self.max_chars) if done else []
+        if len(rest) > self.max_chars:
+            cut = plan_segments(rest, self.max_chars)
+            segments, rest = segments + cut[:-1], cut[-1]
+        self.text = rest
+        return segments
+
+    def flush(self) -> list[str]:
+        """What is left once the text has ended."""
+        rest, self.text = self.text, ""
+        return plan_segments(rest, self.max_chars) if rest.strip() else []

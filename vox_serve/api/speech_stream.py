@@ -14,6 +14,7 @@ ends the body without its final chunk (the client sees an incomplete body).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -47,56 +48,114 @@ class StreamTotals:
 
 
 class SpeechSource:
-    """The audio of `segments` (validated request fields, one dict per segment) in order."""
+    """The audio of `segments` (validated request fields, one dict per segment) in order.
+
+    `open_ended`: more segments may follow (`add_segment`) until `end()`, for text that arrives while
+    audio plays (the WebSocket's sentence mode). `input_streaming`: the one segment is an
+    input-streaming session whose text the caller sends with the manager.
+    """
 
     def __init__(self, manager: ReplicaManager, segments: list[dict[str, Any]], audio: bytes = b"",
-                 voice_prompt: bytes = b"") -> None:
-        if not segments:
+                 voice_prompt: bytes = b"", open_ended: bool = False, input_streaming: bool = False) -> None:
+        if not segments and not open_ended:
             raise ValueError("a speech stream needs at least one segment")
-        self.manager, self.segments, self.audio, self.voice_prompt = manager, segments, audio, voice_prompt
+        self.manager, self.segments, self.audio, self.voice_prompt = manager, list(segments), audio, voice_prompt
+        self.input_streaming = input_streaming
         self.handles: list[RequestHandle] = []
         self.totals = StreamTotals()
+        self.ended = not open_ended
+        self._changed = asyncio.Event()  # a segment was added or the stream ended
+        self._submitting = asyncio.Lock()
+        self._playing = -1  # the segment that has produced audio most recently
 
     async def start(self) -> None:
         """Submit the first segment; raises ApiError when it is refused."""
-        await self._submit_next()
+        await self._submit(0)
 
-    async def _submit_next(self) -> None:
-        fields = self.segments[len(self.handles)]
-        self.handles.append(await self.manager.submit(fields, self.audio, voice_prompt=self.voice_prompt))
-        self.totals.num_prompt_tokens += self.handles[-1].prompt_len
+    def add_segment(self, fields: dict[str, Any]) -> None:
+        self.segments.append(fields)
+        self._changed.set()
+
+    def end(self) -> None:
+        self.ended = True
+        self._changed.set()
+
+    async def _submit(self, index: int) -> None:
+        """Submit segments up to `index` (in order, once each)."""
+        async with self._submitting:
+            while len(self.handles) <= index:
+                fields = self.segments[len(self.handles)]
+                handle = await self.manager.submit(fields, self.audio, self.input_streaming, self.voice_prompt)
+                self.handles.append(handle)
+                self.totals.num_prompt_tokens += handle.prompt_len
+
+    async def _prefetch(self) -> None:
+        """The segment after the one playing prefills while that one plays (at most one ahead)."""
+        following = self._playing + 1
+        if following < len(self.segments) and len(self.handles) == following:
+            await self._submit(following)
 
     @property
     def done(self) -> bool:
-        return len(self.handles) == len(self.segments) and all(h.done for h in self.handles)
+        return self.ended and len(self.handles) == len(self.segments) and all(h.done for h in self.handles)
 
     def abort(self, reason: str) -> None:
         for handle in self.handles:
             self.manager.abort(handle, reason)
 
+    async def _next_segment(self, index: int) -> bool:
+        """Wait until segment `index` exists (True) or the stream has ended without it (False)."""
+        while index >= len(self.segments):
+            if self.ended:
+                return False
+            self._changed.clear()
+            await self._changed.wait()
+        return True
+
     async def chunks(self) -> AsyncIterator[PcmChunk]:
         """Every chunk of every segment; raises ApiError when a segment fails."""
-        if not self.handles:
-            await self.start()
-        index = 0
-        for segment in range(len(self.segments)):
-            handle = self.handles[segment]
-            while True:
-                event = await handle.events.get()
-                if isinstance(event, ipc.Audio):
-                    if len(self.handles) == segment + 1 < len(self.segments):
-                        await self._submit_next()  # the next segment prefills while this one plays
-                    self.totals.num_samples += len(event.pcm) // 2
-                    yield PcmChunk(event.pcm, index, segment)
-                    index += 1
-                elif isinstance(event, ipc.Finished):
-                    self.totals.num_tokens += event.num_tokens
-                    self.totals.finish_reason = event.reason
-                    break
-                elif isinstance(event, ipc.Failed):
-                    raise ApiError.from_failed(event)
-            if len(self.handles) == segment + 1 < len(self.segments):
-                await self._submit_next()  # a segment that produced no audio
+        index, segment = 0, 0
+        while await self._next_segment(segment):
+            await self._submit(segment)
+            async for pcm in self._segment_audio(segment):
+                yield PcmChunk(pcm, index, segment)
+                index += 1
+            segment += 1
+
+    async def _segment_audio(self, segment: int) -> AsyncIterator[bytes]:
+        handle = self.handles[segment]
+        while True:
+            event = await self._next_event(handle)
+            if isinstance(event, ipc.Audio):
+                self._playing = segment
+                await self._prefetch()
+                self.totals.num_samples += len(event.pcm) // 2
+                yield event.pcm
+            elif isinstance(event, ipc.Finished):
+                self.totals.num_tokens += event.num_tokens
+                self.totals.finish_reason = event.reason
+                return
+            elif isinstance(event, ipc.Failed):
+                raise ApiError.from_failed(event)
+
+    async def _next_event(self, handle: RequestHandle) -> Any:
+        """The handle's next event; meanwhile a segment that arrives may be prefetched."""
+        if self.ended:
+            return await handle.events.get()
+        while True:
+            get = asyncio.ensure_future(handle.events.get())
+            changed = asyncio.ensure_future(self._changed.wait())
+            try:
+                await asyncio.wait({get, changed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+                if not get.done():
+                    get.cancel()
+            if get.done() and not get.cancelled():
+                return get.result()
+            self._changed.clear()
+            if self._playing >= 0:
+                await self._prefetch()
 
 
 async def encoded_audio(source: SpeechSource, encoder: Encoder) -> AsyncIterator[bytes]:
