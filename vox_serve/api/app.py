@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from vox_serve import __version__
-from vox_serve.api import generate, metrics, openai_speech, sessions, system, voices, ws
+from vox_serve.api import generate, metrics, openai_speech, playground, sessions, system, voices, ws
 from vox_serve.api.errors import EXCEPTION_HANDLERS
 from vox_serve.api.replicas import ReplicaManager
 from vox_serve.api.schemas import request_schema
@@ -45,7 +45,7 @@ def create_app(config: VoxConfig, manager: ReplicaManager | None = None) -> Fast
     app.state.voices, app.state.started = store, time.time()
     app.state.metrics = metrics.ServerMetrics(manager)
     manager.on_event = app.state.metrics.on_event
-    for module in (generate, sessions, system, openai_speech, voices, metrics, ws):
+    for module in (generate, sessions, system, openai_speech, voices, metrics, ws, playground):
         app.include_router(module.router)
     app.openapi = lambda: _openapi(app, manager)  # type: ignore[method-assign]
     return app
