@@ -25,6 +25,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from vox_serve import ipc
+from vox_serve.api.disconnect import until_disconnect
 from vox_serve.api.errors import ApiError
 from vox_serve.api.replicas import ReplicaManager, RequestHandle
 from vox_serve.formats.encoders import Encoder
@@ -174,11 +175,6 @@ async def run_encoder(encoder: Encoder, pcm: bytes | None) -> bytes:
     return await anyio.to_thread.run_sync(call)
 
 
-async def _wait_for_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 class SpeechResponse(Response):
     """Sends `body` (an async iterator of bytes made from the source) as a chunked response."""
 
@@ -195,15 +191,8 @@ class SpeechResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            async with anyio.create_task_group() as tasks:
-
-                async def watch() -> None:
-                    await _wait_for_disconnect(receive)
-                    tasks.cancel_scope.cancel()
-
-                tasks.start_soon(watch)
-                await (self._send_whole if self.whole else self._send_stream)(scope, receive, send)
-                tasks.cancel_scope.cancel()
+            body = self._send_whole if self.whole else self._send_stream
+            await until_disconnect(receive, lambda: body(scope, receive, send))
         finally:
             if not self.source.done:
                 self.source.abort("the client disconnected")

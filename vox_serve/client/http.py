@@ -29,6 +29,10 @@ def voice_form(name: str, audio: bytes | str | Path, ref_text: str | None) -> tu
     return form, {"audio_sample": ("reference", data)}
 
 
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def _check(response: httpx.Response) -> httpx.Response:
     if response.status_code >= 400:
         raise VoxError.from_body(response.status_code, response.read())
@@ -38,9 +42,8 @@ def _check(response: httpx.Response) -> httpx.Response:
 class VoxClient:
     def __init__(self, base_url: str = DEFAULT_URL, timeout: float = DEFAULT_TIMEOUT_S, model: str | None = None,
                  api_key: str | None = None) -> None:
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url, self.model = base_url.rstrip("/"), model
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=_headers(api_key))
 
     def __enter__(self) -> VoxClient:
         return self
@@ -95,9 +98,8 @@ class VoxClient:
 class AsyncVoxClient:
     def __init__(self, base_url: str = DEFAULT_URL, timeout: float = DEFAULT_TIMEOUT_S, model: str | None = None,
                  api_key: str | None = None) -> None:
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url, self.model = base_url.rstrip("/"), model
-        self.http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=headers)
+        self.http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=_headers(api_key))
 
     async def __aenter__(self) -> AsyncVoxClient:
         return self
