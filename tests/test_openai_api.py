@@ -55,6 +55,14 @@ def test_models_list_names_the_served_model(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == ["orpheus-tiny"]
 
 
+def test_openapi_documents_the_speech_body(server: Server) -> None:
+    paths = server.client.get("/openapi.json").json()["paths"]
+    schema = paths["/v1/audio/speech"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert schema["required"] == ["model", "input"] and "mulaw" in schema["properties"]["response_format"]["enum"]
+    voice = paths["/v1/audio/voices"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert voice["required"] == ["name", "audio_sample"]
+
+
 def test_pcm_equals_generate_and_official_model_names_are_accepted(server: Server, client: openai.OpenAI) -> None:
     expected = generate_pcm(server, "Hello there.")
     assert len(expected) == 2 * SAMPLES

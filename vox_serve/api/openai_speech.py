@@ -57,7 +57,27 @@ async def list_models(request: Request) -> dict[str, Any]:
                                         "owned_by": "vox-serve"}]}
 
 
-@router.post("/audio/speech", summary="Synthesize speech (OpenAI-compatible)", response_class=Response)
+SPEECH_BODY = {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["model", "input"],
+    "description": "OpenAI's speech request; any other field is one of POST /generate's (sampling, seed, ...).",
+    "properties": {
+        "model": {"type": "string", "description": "The served model (GET /v1/models), or tts-1 / tts-1-hd / "
+                                                   "gpt-4o-mini-tts, which name it too."},
+        "input": {"type": "string", "description": "Text to speak, at most --max-input-chars; longer than the "
+                                                   "model takes is split at sentences."},
+        "voice": {"oneOf": [{"type": "string"}, {"type": "object", "properties": {"id": {"type": "string"}}}],
+                  "description": "A built-in or saved voice (GET /v1/audio/voices)."},
+        "instructions": {"type": "string", "description": "A style instruction, for models that take one."},
+        "response_format": {"enum": [f.value for f in AudioFormat], "default": DEFAULT_FORMAT.value},
+        "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0, "default": 1.0},
+        "stream_format": {"enum": list(STREAM_FORMATS), "default": "audio"},
+        "sample_rate": {"type": "integer", "description": "Output rate in Hz (default: the model's; mulaw 8000)."},
+        "streaming": {"type": "boolean", "default": True, "description": "false: one complete file."},
+    }}}}}
+
+
+@router.post("/audio/speech", summary="Synthesize speech (OpenAI-compatible)", response_class=Response,
+             openapi_extra={"requestBody": SPEECH_BODY})
 async def create_speech(request: Request) -> Response:
     manager, config = context(request)
     meta = manager.require_meta()

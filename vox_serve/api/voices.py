@@ -23,7 +23,7 @@ from vox_serve.api.body import check_audio
 from vox_serve.api.errors import ApiError
 from vox_serve.api.generate import context, max_upload_bytes
 from vox_serve.api.openai_compat import OpenAIRoute
-from vox_serve.api.voices_store import SavedVoice, VoiceExists, VoiceStore, VoiceStoreError, check_name
+from vox_serve.api.voices_store import NAME_PATTERN, SavedVoice, VoiceExists, VoiceStore, VoiceStoreError, check_name
 from vox_serve.core.meta import ProgramMeta
 from vox_serve.request_builder import FieldError
 
@@ -89,7 +89,17 @@ async def delete_voice(voice_id: str, request: Request) -> dict[str, Any]:
     return {"id": voice_id, "object": "audio.voice.deleted", "deleted": True}
 
 
-@router.post("", summary="Save a voice from a reference clip")
+VOICE_BODY = {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["name", "audio_sample"], "properties": {
+        "name": {"type": "string", "pattern": NAME_PATTERN.pattern},
+        "audio_sample": {"type": "string", "format": "binary", "description": "The reference clip (WAV, FLAC, OGG "
+                                                                              "or MP3; `audio` works too)."},
+        "ref_text": {"type": "string", "description": "The clip's transcript: in-context cloning."},
+        "consent": {"type": "string", "description": "Accepted for OpenAI's clients; not used."},
+    }}}}}
+
+
+@router.post("", summary="Save a voice from a reference clip", openapi_extra={"requestBody": VOICE_BODY})
 async def create_voice(request: Request) -> dict[str, Any]:
     manager, config = context(request)
     meta = manager.require_meta()

@@ -133,9 +133,15 @@ async def _receive_json(ws: WebSocket) -> dict[str, Any]:
 
 
 async def _read_text(ws: WebSocket, session: Session) -> None:
-    """The client's pieces until its end message."""
+    """The client's pieces until its end message; a client silent for --request-timeout-s is dropped."""
+    idle_s = session.config.server.request_timeout_s
     while True:
-        message = await _receive_json(ws)
+        try:
+            with anyio.fail_after(idle_s):
+                message = await _receive_json(ws)
+        except TimeoutError:
+            raise ApiError(504, f"text: no message for {idle_s:g} s (--request-timeout-s)", "text",
+                           "timeout") from None
         if message["type"] == "text":
             await session.add_text(message.get("text"))
         elif message["type"] == "end":
