@@ -143,10 +143,17 @@ def test_sse_deltas_hold_the_audio_then_done_has_usage(client: openai.OpenAI) ->
     ({"extra_body": {"stream_format": "sse", "streaming": False}}, 400, "streaming"),
     ({"extra_body": {"sample_rate": 44100, "response_format": "opus"}}, 400, "sample_rate"),
     ({"input": "x" * 1501}, 400, "input"),
+    ({"model": None}, 400, "model"),
 ])
 def test_errors_are_openai_errors_naming_the_param(client: openai.OpenAI, kwargs: dict, status: int,
                                                    param: str) -> None:
     args = {"model": "orpheus-tiny", "input": "Hello.", "voice": "tara", **kwargs}
+    if args["model"] is None:  # the openai client always sends a model: send the body without one
+        del args["model"]
+        response = httpx.post(f"{client.base_url}audio/speech", json=args, timeout=60)
+        exc_status, error = response.status_code, response.json()["error"]
+        assert exc_status == status and error["param"] == param and "required" in error["message"]
+        return
     with pytest.raises(openai.APIStatusError) as exc:
         client.audio.speech.create(**args)
     assert exc.value.status_code == status

@@ -116,6 +116,8 @@ def test_async_client_streams_speech_and_a_session(orpheus: Server) -> None:
     async def run() -> tuple[bytes, bytes]:
         async with AsyncVoxClient(orpheus.url) as client:
             whole = await client.speech("Hello there.", voice="tara", format="pcm", **TOKENS)
+            assert await client.models() == ["orpheus-tiny"]
+            assert "tara" in [v["id"] for v in await client.voices()]
             async with client.session(voice="tara", **TOKENS) as session:
                 await session.send("Hello there.")
                 await session.end()

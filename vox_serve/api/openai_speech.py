@@ -44,6 +44,8 @@ SSE_MEDIA_TYPE = "text/event-stream"
 
 def check_model(meta: ProgramMeta, config: VoxConfig, model: Any) -> None:
     """`model` must name the served model (its name, its --model, or one of OpenAI's TTS model names)."""
+    if model is None:
+        raise FieldError("model", f"is required: the served model is {meta.name!r} (GET /v1/models)")
     if model not in (meta.name, config.model.model, *OPENAI_MODEL_NAMES):
         raise ApiError(404, f"model: {model!r} is not served here; this server serves {meta.name!r} "
                             f"(GET /v1/models)", "model", "model_not_found")
