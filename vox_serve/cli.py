@@ -151,7 +151,8 @@ def build_parser(runtime: str | None) -> argparse.ArgumentParser:
     prog = "vox-serve" if runtime is None else f"vox-serve --runtime {runtime}"
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Serve a speech language model (text-to-speech) over HTTP, or benchmark it.",
+        description="Serve a speech language model (text-to-speech) over HTTP, or benchmark it. "
+                    "`vox-serve say TEXT -o FILE` speaks through a running server (vox-serve say --help).",
         argument_default=argparse.SUPPRESS,
     )
     for flag in FLAGS:

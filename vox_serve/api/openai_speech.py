@@ -104,9 +104,9 @@ async def create_speech(request: Request) -> Response:
         raise FieldError("streaming", "stream_format sse always streams")
     segments = segment_fields(manager, config, fields)
     await check_upload(meta, audio, voice.prompt)
+    encoder = make_encoder(options, meta.sample_rate, streaming=not whole)  # before any request runs
     source = SpeechSource(manager, segments, audio or b"", voice.prompt)
     await source.start()
-    encoder = make_encoder(options, meta.sample_rate, streaming=not whole)
     headers = {"x-sample-rate": str(options.output_rate(meta.sample_rate)), "x-num-segments": str(len(segments))}
     if stream_format == "sse":
         return SpeechResponse(source, sse_events(source, encoder), SSE_MEDIA_TYPE, openai_error, headers)
