@@ -1,7 +1,8 @@
 """Load benchmark: an open-loop HTTP client against a running vox-serve server.
 
 Requests arrive with Gamma-distributed gaps (shape 1 = Poisson) at each swept rate, or all at once
-(`--offline N`). Every request streams `POST /generate` and records when each piece of PCM
+(`--offline N`). Every request streams `POST /generate` (or, with `--endpoint speech`, the
+OpenAI-compatible `POST /v1/audio/speech` as PCM or Ogg Opus) and records when each piece of audio
 arrived; the metrics (TTFA, per-chunk and all-chunks viability, underruns, real-time factor) come
 from `vox_serve.metrics`, the same definitions every benchmark uses. One JSON file per run holds
 the exact command, the git commit, the GPU and the settings.
@@ -9,18 +10,21 @@ the exact command, the git commit, the GPU and the settings.
     python benchmark/load.py --url http://127.0.0.1:8000 --rates 1,2,4,8,16 --num-requests 64 \
         --max-tokens 1024 --out benchmark/results/load.json
     python benchmark/load.py --url http://127.0.0.1:8000 --offline 256 --max-tokens 1024
+    python benchmark/load.py --endpoint speech --response-format opus --rates 8,12,16 --num-requests 120
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -34,26 +38,65 @@ TEXT = ("Hey there, thanks for calling. I can help you with your booking today, 
         "so let me pull up the details and walk you through the options we have.")
 
 
-async def one_request(client: httpx.AsyncClient, url: str, body: dict, trace: RequestTrace) -> None:
-    """Stream one request; PCM arrival times and sample counts go into `trace`."""
-    pending = b""
-    header_left = WAV_HEADER
+class PcmCounter:
+    """Samples in the pieces of a PCM16 body, after a header of `header_bytes` (44 for WAV)."""
+
+    def __init__(self, sample_rate: int, header_bytes: int = 0) -> None:
+        self.header_left, self.pending = header_bytes, b""
+
+    def samples(self, piece: bytes) -> int:
+        if self.header_left:
+            skip = min(self.header_left, len(piece))
+            self.header_left -= skip
+            piece = piece[skip:]
+        piece = self.pending + piece
+        usable = len(piece) - len(piece) % 2
+        self.pending = piece[usable:]
+        return usable // 2
+
+
+class OggOpusCounter:
+    """Samples (at the model's rate) in the complete Ogg pages of an Opus stream, from their granule
+    positions (48 kHz units, minus OpusHead's pre-skip): no decoding on the client."""
+
+    def __init__(self, sample_rate: int) -> None:
+        self.sample_rate, self.buffer, self.pre_skip, self.counted = sample_rate, b"", None, 0
+
+    def samples(self, piece: bytes) -> int:
+        self.buffer += piece
+        total = self.counted
+        while len(self.buffer) >= 27 and len(self.buffer) >= 27 + self.buffer[26]:
+            lacing = self.buffer[27:27 + self.buffer[26]]
+            size = 27 + len(lacing) + sum(lacing)
+            if len(self.buffer) < size:
+                break
+            page, self.buffer = self.buffer[:size], self.buffer[size:]
+            body = page[27 + len(lacing):]
+            if body.startswith(b"OpusHead"):
+                self.pre_skip = int.from_bytes(body[10:12], "little")
+            granule = int.from_bytes(page[6:14], "little", signed=True)
+            if self.pre_skip is not None and granule > 0:
+                total = max(total, (granule - self.pre_skip) * self.sample_rate // 48000)
+        new, self.counted = total - self.counted, total
+        return new
+
+
+COUNTERS = {"pcm": PcmCounter, "opus": OggOpusCounter}
+
+
+async def one_request(client: httpx.AsyncClient, url: str, route: str, body: dict, counter: object,
+                      trace: RequestTrace) -> None:
+    """Stream one request; audio arrival times and sample counts go into `trace`."""
     try:
-        async with client.stream("POST", f"{url}/generate", json=body) as resp:
+        async with client.stream("POST", f"{url}{route}", json=body) as resp:
             if resp.status_code != 200:
                 trace.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
                 return
             async for piece in resp.aiter_bytes():
                 now = time.perf_counter()
-                if header_left:
-                    skip = min(header_left, len(piece))
-                    header_left -= skip
-                    piece = piece[skip:]
-                piece = pending + piece
-                usable = len(piece) - len(piece) % 2
-                pending = piece[usable:]
-                if usable:
-                    trace.add_chunk(now, usable // 2)
+                samples = counter.samples(piece)
+                if samples:
+                    trace.add_chunk(now, samples)
         trace.finished = time.perf_counter()
     except (httpx.HTTPError, OSError) as exc:
         trace.error = f"{type(exc).__name__}: {exc}"
@@ -69,7 +112,8 @@ def arrival_times(n: int, rate: float, shape: float, seed: int) -> list[float]:
     return out
 
 
-async def run_load(url: str, offsets: list[float], body: dict, timeout_s: float) -> list[RequestTrace]:
+async def run_load(url: str, offsets: list[float], body: dict, timeout_s: float, route: str,
+                   counter: Callable[[], object]) -> list[RequestTrace]:
     limits = httpx.Limits(max_connections=len(offsets) + 8, max_keepalive_connections=len(offsets) + 8)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
         # The client's first request pays its own lazy set-up (~35 ms measured): not the server's time.
@@ -83,7 +127,7 @@ async def run_load(url: str, offsets: list[float], body: dict, timeout_s: float)
                 await asyncio.sleep(delay)
             trace = RequestTrace(f"load-{i}", sent=time.perf_counter())
             traces.append(trace)
-            tasks.append(asyncio.create_task(one_request(client, url, {**body, "seed": i}, trace)))
+            tasks.append(asyncio.create_task(one_request(client, url, route, {**body, "seed": i}, counter(), trace)))
         await asyncio.gather(*tasks)
     return traces
 
@@ -124,6 +168,10 @@ def main() -> int:
     ap.add_argument("--gamma-shape", type=float, default=1.0, help="arrival burstiness (1 = Poisson)")
     ap.add_argument("--max-tokens", type=int, default=1024)
     ap.add_argument("--text", default=TEXT)
+    ap.add_argument("--endpoint", choices=["generate", "speech"], default="generate",
+                    help="POST /generate (a WAV stream) or the OpenAI-compatible POST /v1/audio/speech")
+    ap.add_argument("--response-format", choices=sorted(COUNTERS), default="pcm",
+                    help="/v1/audio/speech's response_format (opus: samples counted from Ogg granule positions)")
     ap.add_argument("--extra", default="{}", help="JSON fields added to every request (voice, sampling)")
     ap.add_argument("--timeout-s", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -133,8 +181,13 @@ def main() -> int:
 
     info = httpx.get(f"{args.url}/info", timeout=30).json()
     sample_rate = int(info["sample_rate"])
-    body = {"text": args.text, "max_tokens": args.max_tokens, "ignore_eos": True, "streaming": True,
-            **json.loads(args.extra)}
+    if args.endpoint == "speech":
+        route, counter = "/v1/audio/speech", functools.partial(COUNTERS[args.response_format], sample_rate)
+        body = {"model": info["model"], "input": args.text, "response_format": args.response_format}
+    else:
+        route, counter = "/generate", functools.partial(PcmCounter, sample_rate, WAV_HEADER)
+        body = {"text": args.text, "streaming": True}
+    body.update(max_tokens=args.max_tokens, ignore_eos=True, **json.loads(args.extra))
     runs = []
     sweeps = [("offline", [0.0] * args.offline)] if args.offline else [
         (rate, arrival_times(args.num_requests, float(rate), args.gamma_shape, args.seed))
@@ -142,7 +195,7 @@ def main() -> int:
     print(ROW.format("rate", "done", "failed", "ttfa_mean", "ttfa_p50", "ttfa_p90", "ttfa_p95", "ttfa_p99",
                      "viab%", "all%", "underrun", "RTF"))
     for rate, offsets in sweeps:
-        traces = asyncio.run(run_load(args.url, offsets, body, args.timeout_s))
+        traces = asyncio.run(run_load(args.url, offsets, body, args.timeout_s, route, counter))
         r = report(traces, sample_rate)
         r["rate"] = rate
         runs.append(r)

@@ -224,6 +224,9 @@ def test_openapi_documents_every_route_field_and_error(server: Server) -> None:
         "/generate": ["post"], "/generate/stream/start": ["post"], "/generate/stream/{session_id}/text": ["post"],
         "/generate/stream/{session_id}/audio": ["get"], "/generate/stream/{session_id}/end": ["post"],
         "/health": ["get"], "/info": ["get"],
+        # the OpenAI-compatible speech API, saved voices and metrics (tests/test_openai_api.py)
+        "/v1/audio/speech": ["post"], "/v1/models": ["get"], "/v1/audio/voices": ["get", "post"],
+        "/v1/audio/voices/{voice_id}": ["delete", "get"], "/metrics": ["get"],
     }
     gen = paths["/generate"]["post"]
     content = gen["requestBody"]["content"]

@@ -19,6 +19,9 @@ TRICKY_TEXT = 'a|b\nc\x00d,;\t"quoted" ünïcødé 🎤 \r\n  trailing  '
 MESSAGES = [
     ipc.Submit("r1", {"text": TRICKY_TEXT, "temperature": 0.5, "seed": 2**62}, 7, False, b"RIFF\x00\xff"),
     ipc.Submit("r2", {"text": "x"}, 0, True),
+    ipc.Submit("r3", {"text": "x"}, 0, False, b"", b"a saved voice's prompt"),
+    ipc.EncodeVoice("v1", "alice", 1700000000, "A clip.", b"RIFF\x00\xff"),
+    ipc.VoiceEncoded("v1", b"\x10\x00prompt"),
     ipc.AppendText("r2", TRICKY_TEXT),
     ipc.EndText("r2"),
     ipc.Abort("r1", "the client disconnected"),
@@ -26,6 +29,8 @@ MESSAGES = [
     ipc.Ready(0, 1, 1234, "cpu", {"name": "m"}, {"max_batch": 4}),
     ipc.Fatal(1, 2, "no such checkpoint"),
     ipc.Stats(0, 1, 2, 1, 0, {"kv_pages": [10, 12]}, 3, 4, 5, 6),
+    ipc.Stats(0, 1, 2, 1, 0, {"kv_pages": [10, 12]}, 3, 4, 5, 6, num_running=1,
+              stage_times={"decode": [2, 0.01, 1, 1, 0]}),
     ipc.Started("r1", 17),
     ipc.Audio("r1", 3, bytes(range(256)) * 8),
     ipc.Finished("r1", "stop", 35, 4096),
@@ -43,7 +48,7 @@ def test_text_is_carried_exactly_and_binary_fields_travel_as_frames() -> None:
     frames = ipc.encode(ipc.Audio("r", 0, pcm))
     assert len(frames) == 2 and frames[1] == pcm and len(frames[0]) < 100
     assert ipc.decode(ipc.encode(ipc.AppendText("r", TRICKY_TEXT))).text == TRICKY_TEXT
-    assert len(ipc.encode(ipc.Submit("r", {"text": TRICKY_TEXT}, 0))) == 2  # audio frame, empty
+    assert len(ipc.encode(ipc.Submit("r", {"text": TRICKY_TEXT}, 0))) == 3  # audio and voice frames, empty
 
 
 def _header(v: object = ipc.PROTOCOL_VERSION, t: object = "EndText", f: object = None) -> bytes:

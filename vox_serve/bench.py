@@ -17,11 +17,13 @@ from vox_serve.scheduler.factory import make_scheduler
 from vox_serve.worker.engine_worker import EngineWorker
 
 
-def build_loop(config: VoxConfig, record: bool = False) -> tuple[EngineLoop, Program]:
+def build_loop(config: VoxConfig, record: bool = False, time_stages: bool = False) -> tuple[EngineLoop, Program]:
     """The Python runtime's loop for one replica: the engine built and captured, driven through its spec.
-    The program is returned for its prompt builder (`preprocess`), which runs off the step path."""
+    The program is returned for its prompt builder (`preprocess`), which runs off the step path.
+    `time_stages`: device time of every launch (CUDA events; always with --trace-dir), for /metrics."""
     spec = build_engine(config)
-    worker = EngineWorker(spec, time_stages=config.scheduler.trace_dir is not None, nvtx=config.engine.enable_nvtx)
+    timed = time_stages or config.scheduler.trace_dir is not None
+    worker = EngineWorker(spec, time_stages=timed, nvtx=config.engine.enable_nvtx)
     scheduler = make_scheduler(worker.meta, worker.limits, config.scheduler)
     loop = EngineLoop(scheduler, worker, nvtx=config.engine.enable_nvtx, record=record)
     return loop, get_engine(spec["engine_id"]).program

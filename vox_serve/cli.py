@@ -102,6 +102,10 @@ FLAGS: tuple[Flag, ...] = (
     _f("--request-timeout-s", type=float, default=300.0,
        help="abort a request still running after this many seconds"),
     _f("--max-upload-mb", type=float, default=10.0, help="largest audio upload, in MB"),
+    _f("--data-dir", default=None,
+       help="directory of saved voices (POST /v1/audio/voices); kept across restarts"),
+    _f("--max-input-chars", type=int, default=ServerConfig.max_input_chars,
+       help="longest text of one /v1/audio/speech request; longer than the model takes is split at sentences"),
     # bench mode
     _f("--bench-requests", type=int, default=0, help="run N concurrent requests without HTTP and exit"),
     _f("--bench-out", default=None, help="directory for one WAV per bench request"),
@@ -147,7 +151,8 @@ def build_parser(runtime: str | None) -> argparse.ArgumentParser:
     prog = "vox-serve" if runtime is None else f"vox-serve --runtime {runtime}"
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Serve a speech language model (text-to-speech) over HTTP, or benchmark it.",
+        description="Serve a speech language model (text-to-speech) over HTTP, or benchmark it. "
+                    "`vox-serve say TEXT -o FILE` speaks through a running server (vox-serve say --help).",
         argument_default=argparse.SUPPRESS,
     )
     for flag in FLAGS:
@@ -251,6 +256,8 @@ def _check_server_values(kept: dict[str, Any]) -> None:
     for dest in ("request_timeout_s", "max_upload_mb"):
         if dest in kept and not kept[dest] > 0:
             raise CliError(f"--{dest.replace('_', '-')} must be > 0")
+    if kept.get("max_input_chars", 1) < 1:
+        raise CliError("--max-input-chars must be >= 1")
     if kept.get("max_queued_requests", 0) < 0:
         raise CliError("--max-queued-requests must be >= 0")
 
@@ -275,7 +282,8 @@ def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
         ),
         engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"], v["enable_nvtx"]),
         bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"]),
-        server=ServerConfig(v["host"], v["port"], v["dp_size"], v["request_timeout_s"], v["max_upload_mb"]),
+        server=ServerConfig(v["host"], v["port"], v["dp_size"], v["request_timeout_s"], v["max_upload_mb"],
+                            data_dir=v["data_dir"], max_input_chars=v["max_input_chars"]),
     )
 
 

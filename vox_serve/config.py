@@ -84,6 +84,8 @@ class ServerConfig:
     dp_size: int = 1  # replicas (scheduler processes), one per GPU
     request_timeout_s: float = 300.0  # a request still running after this is aborted
     max_upload_mb: float = 10.0  # largest reference-audio upload
+    data_dir: str | None = None  # saved voices live here (None: no saved voices)
+    max_input_chars: int = 100_000  # longest text of one speech request, split into segments that fit the model
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,18 @@ class Submit:
     default_seed: int  # used when the fields carry no seed
     input_streaming: bool = False
     audio: bytes = binary()  # uploaded reference audio; empty when none
+    voice_prompt: bytes = binary()  # a saved voice's cloning prompt (voice_prompt.VoicePrompt bytes); empty when none
+
+
+@message
+class EncodeVoice:
+    """Compute a cloning prompt from reference audio (POST /v1/audio/voices); answered by VoiceEncoded."""
+
+    req_id: str
+    name: str
+    created_at: int  # Unix seconds
+    ref_text: str | None  # the clip's transcript: in-context cloning; None: speaker embedding only
+    audio: bytes = binary()
 
 
 @message
@@ -123,6 +135,9 @@ class Stats:
     num_aborted: int
     num_failed: int
     num_steps: int
+    num_running: int = 0  # admitted requests generating tokens
+    # stage -> [launches, seconds, launches per stage_stats.STAGE_BUCKETS_S bucket and +Inf], cumulative
+    stage_times: dict[str, list[float]] = field(default_factory=dict)
 
 
 @message
@@ -156,7 +171,13 @@ class Failed:
     field: str | None = None  # the request field at fault, when there is one
 
 
-REQUEST_EVENTS = (Started, Audio, Finished, Failed)
+@message
+class VoiceEncoded:
+    req_id: str
+    prompt: bytes = binary()  # the saved voice's file: voice_prompt.VoicePrompt.to_bytes()
+
+
+REQUEST_EVENTS = (Started, Audio, Finished, Failed, VoiceEncoded)
 
 
 def _binary_names(cls: type) -> list[str]:

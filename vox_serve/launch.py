@@ -46,6 +46,10 @@ def select_runtime(requested: str) -> tuple[str, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["say"]:  # a client of a running server, not a server
+        from vox_serve.client.say import main as say
+
+        return say(argv[1:])
     try:
         requested = _requested_runtime(argv)
         if "-h" in argv or "--help" in argv:

@@ -34,12 +34,15 @@ from vox_serve.engine_loop import EngineLoop
 from vox_serve.prompt_pool import PromptPool
 from vox_serve.request_builder import FieldError, Preprocess, make_prompt, new_request, request_fields
 from vox_serve.scheduler.base import QueueFull
+from vox_serve.stage_stats import StageStats, TimedWorker
 from vox_serve.text_sessions import InputSession, TextStreaming
+from vox_serve.voice_prompt import SAVED_VOICE_FIELD, VoiceFileError, VoicePrompt
 
 log = logging.getLogger("vox_serve.scheduler_entry")
 
 IDLE_POLL_S = 0.05  # longest wait for a message while nothing runs
 STATS_INTERVAL_S = 0.2
+VoiceEncoder = Callable[[bytes, str | None], VoicePrompt]  # (reference audio, its transcript) -> prompt
 
 
 @dataclass
@@ -59,16 +62,22 @@ class SchedulerService:
     ends with exactly one Finished or Failed message. `streamer` (the program, for a model whose meta
     has a `streamed_text_column`) starts input-streaming requests before their text ends
     (text_sessions.py); without it, a session's text is collected and the request starts at its end.
+    `voice_encoder` (models that clone voices) computes saved voices' prompts (EncodeVoice); a request
+    naming a saved voice brings that prompt, which its preprocess finds in SAVED_VOICE_FIELD.
     """
 
     def __init__(self, loop: EngineLoop, preprocess: Preprocess, config: VoxConfig,
                  send: Callable[[Any], None], replica: int = 0, incarnation: int = 0,
-                 streamer: TextStreaming | None = None, prompts: PromptPool | None = None) -> None:
+                 streamer: TextStreaming | None = None, prompts: PromptPool | None = None,
+                 voice_encoder: VoiceEncoder | None = None) -> None:
         self.loop, self.scheduler = loop, loop.scheduler
         self.meta, self.preprocess, self.send = loop.scheduler.meta, preprocess, send
-        self.streamer = streamer
+        self.streamer, self.voice_encoder = streamer, voice_encoder
         self.prompts = prompts or PromptPool(threads=0)
         self.preparing: dict[str, Preparing] = {}
+        self.encoding: dict[str, ipc.EncodeVoice] = {}  # saved voices being encoded, by request id
+        self.stage_stats = StageStats()  # step time by stage, for /metrics: the loop's worker reports it
+        loop.worker = TimedWorker(loop.worker, self.stage_stats)
         self.greedy = config.bench.greedy
         self.replica, self.incarnation = replica, incarnation
         self.sessions: dict[str, InputSession] = {}
@@ -78,7 +87,7 @@ class SchedulerService:
         self._abort_codes: dict[str, ipc.ErrorCode | None] = {}
         self._handlers: dict[type, Callable[[Any], None]] = {
             ipc.Submit: self._on_submit, ipc.AppendText: self._on_append, ipc.EndText: self._on_end,
-            ipc.Abort: self._on_abort, ipc.Shutdown: self._on_shutdown,
+            ipc.Abort: self._on_abort, ipc.Shutdown: self._on_shutdown, ipc.EncodeVoice: self._on_encode_voice,
         }
 
     # ---- messages in ---------------------------------------------------------------------
@@ -99,17 +108,24 @@ class SchedulerService:
     @property
     def busy(self) -> bool:
         """Requests to step, or prompts being built."""
-        return self.loop.busy or bool(self.preparing)
+        return self.loop.busy or bool(self.preparing) or bool(self.encoding)
 
     def _in_use(self, req_id: str) -> bool:
-        return req_id in self.scheduler.requests or req_id in self.sessions or req_id in self.preparing
+        return (req_id in self.scheduler.requests or req_id in self.sessions or req_id in self.preparing
+                or req_id in self.encoding)
 
     def _on_submit(self, msg: ipc.Submit) -> None:
         if self._in_use(msg.req_id):
             self._reply_failed(msg.req_id, ipc.ErrorCode.INTERNAL, f"request id {msg.req_id!r} is already in use")
             return
+        try:
+            voice = VoicePrompt.from_bytes(msg.voice_prompt) if msg.voice_prompt else None
+        except VoiceFileError as exc:
+            self._reply_failed(msg.req_id, ipc.ErrorCode.INVALID_FIELD, f"voice: the saved voice is unusable: {exc}",
+                               "voice")
+            return
         if not msg.input_streaming:
-            self._admit(msg.req_id, msg.fields, msg.default_seed, msg.audio, reply_started=True)
+            self._admit(msg.req_id, msg.fields, msg.default_seed, msg.audio, reply_started=True, voice=voice)
             return
         if not self.meta.supports_input_streaming:
             self._reply_failed(msg.req_id, ipc.ErrorCode.UNSUPPORTED,
@@ -121,11 +137,11 @@ class SchedulerService:
             return
         if self.streamer is not None:
             try:
-                self.streamer.check_streaming_fields({**msg.fields, "audio": msg.audio})
+                self.streamer.check_streaming_fields({**msg.fields, "audio": msg.audio, SAVED_VOICE_FIELD: voice})
             except FieldError as exc:
                 self._reply_failed(msg.req_id, ipc.ErrorCode.INVALID_FIELD, str(exc), exc.field)
                 return
-        self.sessions[msg.req_id] = InputSession(dict(msg.fields), msg.default_seed, msg.audio)
+        self.sessions[msg.req_id] = InputSession(dict(msg.fields), msg.default_seed, msg.audio, voice=voice)
         self.send(ipc.Started(msg.req_id, 0))
 
     def _on_append(self, msg: ipc.AppendText) -> None:
@@ -155,7 +171,7 @@ class SchedulerService:
             self._stream_text(msg.req_id, session, ended=True)
             return
         fields = {**session.fields, "text": session.text}
-        self._admit(msg.req_id, fields, session.default_seed, session.audio)
+        self._admit(msg.req_id, fields, session.default_seed, session.audio, voice=session.voice)
 
     def _stream_text(self, req_id: str, session: InputSession, ended: bool) -> None:
         """Hand on the session's newly stable text ids: the first ones start the request, the
@@ -177,10 +193,30 @@ class SchedulerService:
             return
         fields = {**session.fields, "text": session.text}
         if not self._admit(req_id, fields, session.default_seed, session.audio,
-                           lambda clean: self.streamer.preprocess_streaming(clean, ids[:n]), TextFeed(ids[n:], ended)):
+                           lambda clean: self.streamer.preprocess_streaming(clean, ids[:n]), TextFeed(ids[n:], ended),
+                           voice=session.voice):
             self.sessions.pop(req_id, None)
             return
         session.started = True
+
+    def _on_encode_voice(self, msg: ipc.EncodeVoice) -> None:
+        """Compute a saved voice's prompt with the model's encoders, off the loop (the prompt pool)."""
+        if self.voice_encoder is None:
+            self._reply_failed(msg.req_id, ipc.ErrorCode.UNSUPPORTED, f"model {self.meta.name} does not clone voices")
+            return
+        self.encoding[msg.req_id] = msg
+        encode = self.voice_encoder
+        self.prompts.submit(msg.req_id, lambda: encode(msg.audio, msg.ref_text))
+
+    def _voice_encoded(self, msg: ipc.EncodeVoice, future: Future) -> None:
+        exc = future.exception()
+        if isinstance(exc, FieldError):
+            self._reply_failed(msg.req_id, ipc.ErrorCode.INVALID_FIELD, str(exc), exc.field)
+        elif exc is not None:
+            log.error("encoding voice %r failed: %r", msg.name, exc)
+            self._reply_failed(msg.req_id, ipc.ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+        else:
+            self.send(ipc.VoiceEncoded(msg.req_id, future.result().to_bytes(msg.name, self.meta.name, msg.created_at)))
 
     def _on_abort(self, msg: ipc.Abort) -> None:
         session = self.sessions.pop(msg.req_id, None)
@@ -203,24 +239,29 @@ class SchedulerService:
     # ---- requests ------------------------------------------------------------------------
     def _admit(self, req_id: str, fields: dict[str, Any], seed: int, audio: bytes,
                preprocess: Preprocess | None = None, text_feed: TextFeed | None = None,
-               reply_started: bool = False) -> bool:
+               reply_started: bool = False, voice: VoicePrompt | None = None) -> bool:
         """Validate the fields and have the request's prompt built (with `preprocess`, default the
-        program's) off the loop; it is queued once the prompt is ready. On a bad field, answer Failed
-        and return False."""
+        program's, given the saved `voice` if any) off the loop; it is queued once the prompt is ready.
+        On a bad field, answer Failed and return False."""
         fields = {**fields, "audio": audio} if audio else fields
+        run = preprocess or self.preprocess
+        if voice is not None:
+            run = _with_voice(run, voice)
         try:
             clean, sampling = request_fields(self.meta, fields, self.greedy, seed)
         except FieldError as exc:
             self._reply_failed(req_id, ipc.ErrorCode.INVALID_FIELD, str(exc), exc.field)
             return False
         self.preparing[req_id] = Preparing(clean, sampling, text_feed, reply_started)
-        build = preprocess or self.preprocess
-        self.prompts.submit(req_id, lambda: make_prompt(build, clean))
+        self.prompts.submit(req_id, lambda: make_prompt(run, clean))
         return True
 
     def _queue_prepared(self) -> None:
         """Queue the requests whose prompts are ready (or fail those whose prompt could not be built)."""
         for req_id, future in self.prompts.completed():
+            if req_id in self.encoding:
+                self._voice_encoded(self.encoding.pop(req_id), future)
+                continue
             entry = self.preparing.pop(req_id, None)
             if entry is not None:  # else aborted while its prompt was built
                 self._queue(req_id, entry, future)
@@ -305,7 +346,8 @@ class SchedulerService:
             self.replica, self.incarnation, num_active=self.scheduler.num_active + len(self.preparing),
             num_waiting=len(self.scheduler.waiting), num_sessions=len(self.sessions), pools=self.pools(),
             num_finished=self.num_finished, num_aborted=self.num_aborted, num_failed=self.num_failed,
-            num_steps=self.loop.num_steps,
+            num_steps=self.loop.num_steps, num_running=len(self.scheduler.running),
+            stage_times=self.stage_stats.to_wire(),
         )
 
     def pools(self) -> dict[str, list[int]]:
@@ -382,6 +424,10 @@ def serve(service: SchedulerService, conn: Connection, parent_pid: int) -> None:
     service.loop.drain()
 
 
+def _with_voice(preprocess: Preprocess, voice: VoicePrompt) -> Preprocess:
+    return lambda clean: preprocess({**clean, SAVED_VOICE_FIELD: voice})
+
+
 def replica_config(config: VoxConfig, replica: int) -> VoxConfig:
     """The config of one replica: replica i runs on GPU i (CPU replicas share the CPU)."""
     device, dp_size = config.model.device, config.server.dp_size
@@ -430,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         _share_cpu(config)
         from vox_serve.bench import build_loop
 
-        loop, program = build_loop(config)
+        loop, program = build_loop(config, time_stages=True)
     except Exception as exc:
         log.exception("the replica cannot start")
         conn.send(ipc.Fatal(args.replica, args.incarnation, f"{type(exc).__name__}: {exc}"))
@@ -439,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = PromptPool(threads=1, device=str(program.device), wake=conn.wake)
     service = SchedulerService(loop, program.preprocess, config, conn.send, args.replica, args.incarnation,
                                streamer=program if program.meta.streamed_text_column is not None else None,
-                               prompts=prompts)
+                               prompts=prompts, voice_encoder=getattr(program, "encode_voice", None))
     conn.send(ipc.Ready(args.replica, args.incarnation, os.getpid(), str(program.device),
                         program.meta.to_dict(), asdict(program.limits)))
     log.info("ready on %s: model %s, %d KV pages", program.device, program.meta.name, program.limits.num_pages - 1)

@@ -47,6 +47,7 @@ class InputSession:
     started: bool = False  # incremental streaming: the request runs
     stable_chars: int = 0  # incremental streaming: text before this offset is tokenized for good
     text_ids: list[int] = field(default_factory=list)  # stable ids kept until the request starts
+    voice: Any = None  # a saved voice's VoicePrompt, when the session names one
 
     @property
     def text(self) -> str:

@@ -6,6 +6,7 @@ so it is built once a replica has reported the model's meta; before that it list
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,10 +15,11 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from vox_serve import __version__
-from vox_serve.api import generate, sessions, system
+from vox_serve.api import generate, metrics, openai_speech, playground, sessions, system, voices, ws
 from vox_serve.api.errors import EXCEPTION_HANDLERS
 from vox_serve.api.replicas import ReplicaManager
 from vox_serve.api.schemas import request_schema
+from vox_serve.api.voices_store import VoiceStore
 from vox_serve.config import VoxConfig
 
 DESCRIPTION = """Streaming text-to-speech. POST /generate answers a WAV: streamed (PCM chunks as they are
@@ -25,7 +27,9 @@ decoded) or whole. Errors are JSON `{"error": {"type", "field", "message"}}`."""
 
 
 def create_app(config: VoxConfig, manager: ReplicaManager | None = None) -> FastAPI:
+    """The app; raises voices_store.VoiceStoreError when the saved voices under --data-dir are damaged."""
     manager = manager or ReplicaManager(config)
+    store = VoiceStore.open(config.server.data_dir) if config.server.data_dir else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -38,7 +42,10 @@ def create_app(config: VoxConfig, manager: ReplicaManager | None = None) -> Fast
     app = FastAPI(title="vox-serve", version=__version__, description=DESCRIPTION, lifespan=lifespan,
                   exception_handlers=EXCEPTION_HANDLERS)
     app.state.manager, app.state.config = manager, config
-    for module in (generate, sessions, system):
+    app.state.voices, app.state.started = store, time.time()
+    app.state.metrics = metrics.ServerMetrics(manager)
+    manager.on_event = app.state.metrics.on_event
+    for module in (generate, sessions, system, openai_speech, voices, metrics, ws, playground):
         app.include_router(module.router)
     app.openapi = lambda: _openapi(app, manager)  # type: ignore[method-assign]
     return app

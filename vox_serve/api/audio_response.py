@@ -12,21 +12,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from vox_serve import ipc
+from vox_serve.api.disconnect import until_disconnect
 from vox_serve.api.errors import ApiError
 from vox_serve.api.replicas import ReplicaManager, RequestHandle
 from vox_serve.audio import wav_bytes, wav_header
 
 log = logging.getLogger("vox_serve.api")
-
-
-async def _wait_for_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class AudioResponse(Response):
@@ -43,18 +38,8 @@ class AudioResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            async with anyio.create_task_group() as tasks:
-
-                async def watch() -> None:
-                    await _wait_for_disconnect(receive)
-                    tasks.cancel_scope.cancel()
-
-                tasks.start_soon(watch)
-                if self.streaming:
-                    await self._stream(scope, receive, send)
-                else:
-                    await self._whole(scope, receive, send)
-                tasks.cancel_scope.cancel()
+            body = self._stream if self.streaming else self._whole
+            await until_disconnect(receive, lambda: body(scope, receive, send))
         finally:
             if not self.handle.done:
                 self.manager.abort(self.handle, "the client disconnected")

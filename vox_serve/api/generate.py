@@ -8,9 +8,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vox_serve.api.audio_response import AudioResponse
-from vox_serve.api.body import check_audio, read_fields, validate_fields
+from vox_serve.api.body import read_fields, validate_fields
 from vox_serve.api.replicas import ReplicaManager
 from vox_serve.api.schemas import error_responses
+from vox_serve.api.speech_request import check_upload, take_saved_voice
 from vox_serve.config import VoxConfig
 
 router = APIRouter()
@@ -39,7 +40,8 @@ async def generate(request: Request) -> Response:
     manager, config = context(request)
     meta = manager.require_meta()
     fields, audio = await read_fields(request, max_upload_bytes(config))
-    await check_audio(meta, audio)
+    voice_prompt = take_saved_voice(meta, request.app.state.voices, fields)
+    await check_upload(meta, audio, voice_prompt)
     clean = validate_fields(meta, fields)
-    handle = await manager.submit(clean, audio or b"")
+    handle = await manager.submit(clean, audio or b"", voice_prompt=voice_prompt)
     return AudioResponse(manager, handle, meta.sample_rate, streaming=clean.get("streaming", True))

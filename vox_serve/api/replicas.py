@@ -87,6 +87,9 @@ class RequestHandle:
         self.req_id, self.replica, self.deadline = req_id, replica, deadline
         self.events: asyncio.Queue[Any] = asyncio.Queue()
         self.done = False
+        self.opened = time.monotonic()
+        self.prompt_len = 0  # from the replica's Started
+        self.counted = True  # a speech request (metrics count it); False for a voice encoding
 
 
 @dataclass
@@ -111,6 +114,8 @@ class ReplicaManager:
         self.fatal_error: str | None = None
         self.on_fatal: Callable[[str], None] = lambda reason: None  # a replica can never start
         self.is_stopping: Callable[[], bool] = lambda: False  # the server is shutting down: restart nothing
+        # Sees every event of every request (and the Abort of one nobody waits for): the metrics.
+        self.on_event: Callable[[RequestHandle, Any], None] = lambda handle, event: None
         self._seeds = itertools.count(config.model.seed)
         self._tasks: list[asyncio.Task] = []
         self._dir = ""
@@ -238,6 +243,7 @@ class ReplicaManager:
         if isinstance(msg, ipc.REQUEST_EVENTS):
             handle = self.handles.get(msg.req_id)
             if handle is not None:
+                self.on_event(handle, msg)
                 handle.events.put_nowait(msg)
                 if isinstance(msg, ipc.Finished | ipc.Failed):
                     self._close(handle)
@@ -272,7 +278,8 @@ class ReplicaManager:
         log.info("replica %d: ready (process %d on %s)", replica.index, msg.pid, msg.device)
 
     # ---- requests ------------------------------------------------------------------------
-    async def submit(self, fields: dict[str, Any], audio: bytes = b"", input_streaming: bool = False) -> RequestHandle:
+    async def submit(self, fields: dict[str, Any], audio: bytes = b"", input_streaming: bool = False,
+                     voice_prompt: bytes = b"") -> RequestHandle:
         """Queue a request on the least-loaded live replica; returns once the replica accepted it.
 
         A replica that is full or dies first hands the request to the next one. Raises ApiError
@@ -285,15 +292,30 @@ class ReplicaManager:
             replica = self._pick(tried)
             tried.add(replica.index)
             handle = self._open(replica, deadline)
-            if not self._send(replica, ipc.Submit(handle.req_id, fields, seed, input_streaming, audio)):
+            if not self._send(replica, ipc.Submit(handle.req_id, fields, seed, input_streaming, audio, voice_prompt)):
                 self._close(handle)
                 continue
             event = await handle.events.get()
             if isinstance(event, ipc.Started):
+                handle.prompt_len = event.prompt_len
                 return handle
             retry = event.code in (ipc.ErrorCode.QUEUE_FULL, ipc.ErrorCode.REPLICA_DIED)
             if not (retry and self._candidates(tried)):
                 raise ApiError.from_failed(event)
+
+    async def encode_voice(self, name: str, audio: bytes, ref_text: str | None) -> bytes:
+        """A saved voice's file, computed by a replica's encoders; raises ApiError when refused."""
+        handle = self._open(self._pick(set()), time.monotonic() + self.config.server.request_timeout_s)
+        handle.counted = False
+        try:
+            if not self._send_to(handle, ipc.EncodeVoice(handle.req_id, name, int(time.time()), ref_text, audio)):
+                raise ApiError.unavailable(f"replica {handle.replica} cannot take the request")
+            event = await handle.events.get()
+        finally:
+            self._close(handle)
+        if isinstance(event, ipc.Failed):
+            raise ApiError.from_failed(event)
+        return event.prompt
 
     def send_text(self, handle: RequestHandle, text: str) -> bool:
         return self._send_to(handle, ipc.AppendText(handle.req_id, text))
@@ -304,7 +326,9 @@ class ReplicaManager:
     def abort(self, handle: RequestHandle, reason: str) -> None:
         """Stop a request nobody waits for any more; the replica frees its pages and slots."""
         if not handle.done:
-            self._send_to(handle, ipc.Abort(handle.req_id, reason))
+            abort = ipc.Abort(handle.req_id, reason)
+            self.on_event(handle, abort)
+            self._send_to(handle, abort)
             self._close(handle)
 
     def _candidates(self, exclude: set[int]) -> list[Replica]:
@@ -329,7 +353,9 @@ class ReplicaManager:
         self.replicas[handle.replica].in_flight.discard(handle.req_id)
 
     def _fail(self, handle: RequestHandle, code: ipc.ErrorCode, message: str) -> None:
-        handle.events.put_nowait(ipc.Failed(handle.req_id, str(code), message))
+        failed = ipc.Failed(handle.req_id, str(code), message)
+        self.on_event(handle, failed)
+        handle.events.put_nowait(failed)
         self._close(handle)
 
     def _send_to(self, handle: RequestHandle, msg: Any) -> bool:

@@ -8,6 +8,7 @@ import uvicorn
 
 from vox_serve.api.app import create_app
 from vox_serve.api.replicas import ReplicaManager
+from vox_serve.api.voices_store import VoiceStoreError
 from vox_serve.config import VoxConfig
 
 log = logging.getLogger("vox_serve.api")
@@ -15,11 +16,16 @@ GRACEFUL_SHUTDOWN_S = 5  # open streams may finish this long after SIGTERM / Ctr
 
 
 def serve(config: VoxConfig) -> int:
-    """Run until SIGTERM / Ctrl-C (0), or until a replica cannot start (1)."""
+    """Run until SIGTERM / Ctrl-C (0), or until a replica cannot start (1); 2 for a damaged voice store."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [api] %(levelname)s %(name)s: %(message)s")
     manager = ReplicaManager(config)
+    try:
+        app = create_app(config, manager)
+    except VoiceStoreError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     server = uvicorn.Server(uvicorn.Config(
-        create_app(config, manager), host=config.server.host, port=config.server.port, log_level="info",
+        app, host=config.server.host, port=config.server.port, log_level="info",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     ))
 

@@ -18,11 +18,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from vox_serve.api.audio_response import AudioResponse
-from vox_serve.api.body import check_audio, read_fields, validate_session_fields
+from vox_serve.api.body import read_fields, validate_session_fields
 from vox_serve.api.errors import ApiError
 from vox_serve.api.generate import WAV_RESPONSE, context, max_upload_bytes
 from vox_serve.api.replicas import ReplicaManager, Session
 from vox_serve.api.schemas import StreamStartResponse, StreamTextResponse, error_responses
+from vox_serve.api.speech_request import check_upload, take_saved_voice
 from vox_serve.core.meta import ProgramMeta
 from vox_serve.request_builder import FieldError
 
@@ -70,12 +71,13 @@ async def start(request: Request) -> StreamStartResponse:
     manager, config = context(request)
     meta = _meta(manager)
     fields, audio = await read_fields(request, max_upload_bytes(config))
-    await check_audio(meta, audio)
+    voice_prompt = take_saved_voice(meta, request.app.state.voices, fields)
+    await check_upload(meta, audio, voice_prompt)
     text = fields.pop("text", None)
     if text is not None:
         _check_piece(meta, 0, text)
     clean = validate_session_fields(meta, fields)
-    handle = await manager.submit(clean, audio or b"", input_streaming=True)
+    handle = await manager.submit(clean, audio or b"", input_streaming=True, voice_prompt=voice_prompt)
     session = Session(handle)
     manager.sessions[handle.req_id] = session
     if text is not None:

@@ -29,6 +29,7 @@ from vox_serve.models.qwen3_tts.prompt import PromptIds, build_clone_prompt
 from vox_serve.models.qwen3_tts.speaker_encoder import SAMPLE_RATE, SpeakerEncoder, SpeakerEncoderConfig
 from vox_serve.models.qwen3_tts.stream import clone_streaming_prompt
 from vox_serve.request_builder import FieldError
+from vox_serve.voice_prompt import SAVED_VOICE_FIELD, VoicePrompt
 
 MIN_REFERENCE_SECONDS = 0.1
 MAX_REFERENCE_SECONDS = 60.0  # the released models clone from a few seconds; longer only costs prompt length
@@ -42,26 +43,45 @@ class VoiceCloner:
         self.speaker_encoder, self.codec_encoder = speaker_encoder, codec_encoder
 
     def prompt(self, tokenizer: Any, ids: PromptIds, fields: dict[str, Any]) -> Prompt:
-        """The request's prompt rows with its speaker embedding; FieldError for unusable inputs."""
+        """The request's prompt rows with its speaker embedding; FieldError for unusable inputs. A saved
+        voice (fields[SAVED_VOICE_FIELD]) brings its embedding and reference codes: no encoder runs."""
         x_vector_only = clone_mode(fields)
-        ref_text = None if x_vector_only else fields["ref_text"]
-        audio = self.reference_audio(fields["audio"])
-        with torch.inference_mode():
-            speaker = self.speaker_encoder(audio)
-            ref_codes = None if x_vector_only else self.codec_encoder(audio).tolist()
+        voice = self.voice(fields, x_vector_only)
         rows, speaker_row = build_clone_prompt(tokenizer, ids, fields["text"], fields.get("language"),
-                                               ref_text, ref_codes)
-        return Prompt.of(rows, {speaker_row: speaker.float().cpu().numpy()})
+                                               voice.ref_text, voice.ref_codes)
+        return Prompt.of(rows, {speaker_row: voice.speaker})
 
     def streaming_prompt(self, tokenizer: Any, ids: PromptIds, fields: dict[str, Any],
                          first_text_id: int) -> Prompt:
         """An input-streaming request's prompt (x-vector only; see `check_streaming_fields`)."""
         check_streaming_fields(fields)
-        audio = self.reference_audio(fields["audio"])
-        with torch.inference_mode():
-            speaker = self.speaker_encoder(audio)
+        voice = self.voice(fields, x_vector_only=True)
         rows, speaker_row = clone_streaming_prompt(tokenizer, ids, first_text_id, fields.get("language"))
-        return Prompt.of(rows, {speaker_row: speaker.float().cpu().numpy()})
+        return Prompt.of(rows, {speaker_row: voice.speaker})
+
+    def voice(self, fields: dict[str, Any], x_vector_only: bool) -> VoicePrompt:
+        """The request's cloning prompt: its saved voice's, or computed from its uploaded `audio`."""
+        saved = fields.get(SAVED_VOICE_FIELD)
+        if saved is None:
+            return self.encode(fields["audio"], None if x_vector_only else fields["ref_text"])
+        self.check_saved(saved)
+        return VoicePrompt(saved.speaker) if x_vector_only else saved
+
+    def encode(self, audio_file: bytes, ref_text: str | None) -> VoicePrompt:
+        """Reference audio (and its transcript, for in-context cloning) -> the cloning prompt."""
+        audio = self.reference_audio(audio_file)
+        with torch.inference_mode():
+            speaker = self.speaker_encoder(audio).tolist()
+            ref_codes = None if ref_text is None else self.codec_encoder(audio).tolist()
+        return VoicePrompt(speaker, ref_codes, ref_text)
+
+    def check_saved(self, voice: VoicePrompt) -> None:
+        """A saved voice must come from this model's encoders (same embedding width and code groups)."""
+        width = self.speaker_encoder.fc.out_channels
+        groups = self.codec_encoder.config.valid_quantizers
+        if len(voice.speaker) != width or any(len(frame) != groups for frame in voice.ref_codes or []):
+            raise FieldError("voice", f"the saved voice was made by another model (speaker embedding of "
+                                      f"{len(voice.speaker)}, not {width})")
 
     def reference_audio(self, data: bytes) -> torch.Tensor:
         """Uploaded bytes -> [samples] float32 at 24 kHz."""
@@ -82,12 +102,23 @@ class VoiceCloner:
 
 def clone_mode(fields: dict[str, Any]) -> bool:
     """Whether the request clones from the speaker embedding only (else in context); FieldError for fields
-    a clone cannot take or lacks."""
+    a clone cannot take or lacks. A saved voice clones in context when it was saved with a transcript."""
     if fields.get("voice") or fields.get("instruct"):
         name = "voice" if fields.get("voice") else "instruct"
-        raise FieldError(name, "a Base (voice clone) model takes its voice from the reference `audio`")
+        raise FieldError(name, "a Base (voice clone) model takes its voice from the reference `audio` or a saved "
+                               "voice")
+    saved = fields.get(SAVED_VOICE_FIELD)
+    if saved is not None:
+        if fields.get("audio") or fields.get("ref_text"):
+            raise FieldError("audio" if fields.get("audio") else "ref_text",
+                             "a saved voice brings its own reference audio and transcript")
+        if saved.ref_codes is None and fields.get("x_vector_only_mode") is False:
+            raise FieldError("x_vector_only_mode", "the saved voice has no transcript: it clones from the speaker "
+                                                   "embedding only")
+        return fields.get("x_vector_only_mode", saved.ref_codes is None)
     if not fields.get("audio"):
-        raise FieldError("audio", "this Base (voice clone) model needs reference audio: upload it as `audio`")
+        raise FieldError("audio", "this Base (voice clone) model needs reference audio: upload it as `audio`, "
+                                  "or name a saved voice")
     has_transcript = bool(fields.get("ref_text"))
     x_vector_only = fields.get("x_vector_only_mode", not has_transcript)
     if not x_vector_only and not has_transcript:

@@ -40,10 +40,12 @@ from vox_serve.models.qwen3_tts.clone import CLONE_FIELDS, VoiceCloner, check_st
 from vox_serve.models.qwen3_tts.layers import CodePredictor, Talker
 from vox_serve.models.qwen3_tts.prompt import PromptIds, build_prompt
 from vox_serve.models.qwen3_tts.stream import PROMPT_TEXT_IDS, stable_text_ids, streaming_prompt
+from vox_serve.request_builder import FieldError
 from vox_serve.rt import kernels
 from vox_serve.rt.codec_window import CodecWindow
 from vox_serve.rt.lm_batch import LmBatch, LmSample
 from vox_serve.rt.program import Program
+from vox_serve.voice_prompt import VoicePrompt
 
 SAMPLES_PER_FRAME = 1920  # 24 kHz / 12.5 Hz
 MIN_FRAMES_BEFORE_STOP = 2
@@ -111,6 +113,12 @@ class Qwen3TTSProgram(Program):
         voice = fields.get("voice") or self.meta.default_voice
         return Prompt.of(build_prompt(self.tokenizer, self.ids, fields["text"], voice, fields.get("language"),
                                       fields.get("instruct")))
+
+    def encode_voice(self, audio: bytes, ref_text: str | None) -> VoicePrompt:
+        """A saved voice's prompt from reference audio (Base only): FieldError for unusable audio."""
+        if self.cloner is None:
+            raise FieldError("audio", f"model {self.meta.name} does not clone voices")
+        return self.cloner.encode(audio, ref_text)
 
     # ---- input streaming (qwen3_tts_stream.py) ---------------------------------------------
     num_prompt_text_ids = PROMPT_TEXT_IDS
