@@ -33,10 +33,10 @@ from csm_helpers import (
     wav_bytes,
 )
 
-from vox_serve.models.checkpoint import CheckpointError
 from vox_serve.models.csm.context import encode_context
 from vox_serve.models.csm.loader import load_csm_dir
 from vox_serve.models.csm.prompt import PromptIds, audio_frame_count, build_prompt, parse_fields
+from vox_serve.rt.checkpoint import CheckpointError
 
 FRAMES = 8
 REF_RTOL = 1e-5  # audio vs the reference's output_audio, float32 (observed ~7e-6)

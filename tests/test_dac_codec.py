@@ -18,7 +18,7 @@ from vox_serve.audio_input import resample_as_torchaudio
 from vox_serve.codecs.dac.decoder import DAC_44KHZ, DacConfig, load_dac, receptive_field
 from vox_serve.codecs.dac.encoder import load_dac_encoder
 from vox_serve.codecs.dac.stream import chunk_window, decode_windows, gather_window
-from vox_serve.models.checkpoint import CheckpointError
+from vox_serve.rt.checkpoint import CheckpointError
 
 pytest.importorskip("transformers")
 REF_ATOL = 1e-5  # vs transformers, float32 (observed ~1e-7 at audio std ~0.3)

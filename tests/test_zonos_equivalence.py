@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from zonos_helpers import FIXTURES, generate, scenario_sampling
 
-from vox_serve.models.checkpoint import CheckpointError
 from vox_serve.models.zonos import phonemes
 from vox_serve.models.zonos.conditioning import condition_inputs, num_prefix_rows
 from vox_serve.models.zonos.config import ZONOS_TRANSFORMER_CONFIG, ZonosConfig
 from vox_serve.models.zonos.loader import load_zonos_lm
+from vox_serve.rt.checkpoint import CheckpointError
 
 LOGITS_ATOL = 2e-5
 SCENARIOS = json.loads((FIXTURES / "scenarios.json").read_text())

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 from zonos_helpers import FIXTURES
 
-from vox_serve.models.checkpoint import CheckpointError
 from vox_serve.models.zonos.speaker import LDA_FILE, NETWORK_FILE, load_speaker_model, log_mel
+from vox_serve.rt.checkpoint import CheckpointError
 
 SPEAKER = FIXTURES / "speaker"
 RESAMPLED_ATOL = 1e-5  # our float64 resampling kernel vs torchaudio's float32 one (observed 1.5e-6)

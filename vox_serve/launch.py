@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.bench.num_requests > 0:
         from vox_serve.bench import run_bench
         from vox_serve.config import ConfigError
-        from vox_serve.models.checkpoint import CheckpointError
+        from vox_serve.rt.checkpoint import CheckpointError
 
         try:
             return run_bench(config)

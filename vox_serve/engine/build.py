@@ -21,10 +21,10 @@ import torch
 from vox_serve.config import ConfigError, VoxConfig
 from vox_serve.core.meta import EngineLimits
 from vox_serve.engine.capture import StageGraphs, bucket_sizes, capture_all, warm_up
-from vox_serve.models.checkpoint import pick_device, pick_dtype
 from vox_serve.models.registry import BuildArgs
 from vox_serve.models.registry import build_program as build_model_program
 from vox_serve.rt.attention import make_attention_backend
+from vox_serve.rt.checkpoint import pick_device, pick_dtype
 from vox_serve.rt.program import Program, Stage
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from vox_serve.models.checkpoint import CheckpointError, read_json, resolve_local
+from vox_serve.rt.checkpoint import CheckpointError, read_json, resolve_local
 from vox_serve.rt.program import Program
 
 

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from vox_serve.audio_input import resample_as_torchaudio
 from vox_serve.codecs.dac.decoder import DacConfig, Quantizers, ResidualUnit, Snake
 from vox_serve.codecs.weight_norm import fuse_weight_norm
-from vox_serve.models.checkpoint import iter_safetensors, load_strict, read_json
+from vox_serve.rt.checkpoint import iter_safetensors, load_strict, read_json
 
 
 class EncoderBlock(nn.Module):

@@ -20,7 +20,9 @@ import torch
 from vox_serve.codecs.mimi.decoder import MimiDecoder
 from vox_serve.codecs.mimi.encoder import MimiEncoder
 from vox_serve.layers.depth import DepthTransformer
-from vox_serve.models.checkpoint import (
+from vox_serve.models.csm.config import CsmConfig
+from vox_serve.models.csm.layers import CsmBackbone, depth_decoder
+from vox_serve.rt.checkpoint import (
     CheckpointError,
     TensorPool,
     copy_weights,
@@ -29,8 +31,6 @@ from vox_serve.models.checkpoint import (
     iter_safetensors,
     read_json,
 )
-from vox_serve.models.csm.config import CsmConfig
-from vox_serve.models.csm.layers import CsmBackbone, depth_decoder
 
 CSM_1B_ID = "sesame/csm-1b"
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -14,7 +14,9 @@ import torch
 
 from vox_serve.codecs.snac import SnacConfig, SnacDecoder
 from vox_serve.layers.llama import LlamaConfig, LlamaForCausalLM
-from vox_serve.models.checkpoint import (
+from vox_serve.models.orpheus.program import OrpheusProgram, orpheus_meta
+from vox_serve.models.tokenizers.byte_level import byte_level_tokenizer
+from vox_serve.rt.checkpoint import (
     CheckpointError,
     checkpoint_dir,
     init_random,
@@ -22,8 +24,6 @@ from vox_serve.models.checkpoint import (
     read_json,
     resolve_local,
 )
-from vox_serve.models.orpheus.program import OrpheusProgram, orpheus_meta
-from vox_serve.models.tokenizers.byte_level import byte_level_tokenizer
 
 ORPHEUS_3B_ID = "canopylabs/orpheus-3b-0.1-ft"
 SNAC_24KHZ_ID = "hubertsiuzdak/snac_24khz"

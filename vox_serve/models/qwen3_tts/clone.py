@@ -24,11 +24,11 @@ from vox_serve.audio_input import decode_audio, resample
 from vox_serve.codecs.mimi.config import MimiConfig
 from vox_serve.codecs.mimi.encoder import MimiEncoder
 from vox_serve.core.request import Prompt
-from vox_serve.models.checkpoint import CheckpointError, init_random, read_json
 from vox_serve.models.qwen3_tts.prompt import PromptIds, build_clone_prompt
 from vox_serve.models.qwen3_tts.speaker_encoder import SAMPLE_RATE, SpeakerEncoder, SpeakerEncoderConfig
 from vox_serve.models.qwen3_tts.stream import clone_streaming_prompt
 from vox_serve.request_builder import FieldError
+from vox_serve.rt.checkpoint import CheckpointError, init_random, read_json
 from vox_serve.voice_prompt import SAVED_VOICE_FIELD, VoicePrompt
 
 MIN_REFERENCE_SECONDS = 0.1

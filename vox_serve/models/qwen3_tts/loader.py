@@ -16,7 +16,12 @@ from typing import Any
 import torch
 
 from vox_serve.codecs.qwen3.decoder import Qwen3CodecConfig, Qwen3CodecDecoder
-from vox_serve.models.checkpoint import (
+from vox_serve.models.qwen3_tts.clone import load_cloner
+from vox_serve.models.qwen3_tts.layers import CodePredictor, DecoderConfig, Talker
+from vox_serve.models.qwen3_tts.program import Qwen3TTSProgram, qwen3_tts_meta
+from vox_serve.models.qwen3_tts.prompt import PromptIds
+from vox_serve.models.tokenizers.qwen2 import load_qwen2_tokenizer, tiny_qwen2_tokenizer
+from vox_serve.rt.checkpoint import (
     CheckpointError,
     checkpoint_dir,
     copy_weights,
@@ -25,11 +30,6 @@ from vox_serve.models.checkpoint import (
     iter_safetensors,
     read_json,
 )
-from vox_serve.models.qwen3_tts.clone import load_cloner
-from vox_serve.models.qwen3_tts.layers import CodePredictor, DecoderConfig, Talker
-from vox_serve.models.qwen3_tts.program import Qwen3TTSProgram, qwen3_tts_meta
-from vox_serve.models.qwen3_tts.prompt import PromptIds
-from vox_serve.models.tokenizers.qwen2 import load_qwen2_tokenizer, tiny_qwen2_tokenizer
 
 QWEN3_TTS_ID = "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice"
 # Registry short names of the published checkpoints.

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from vox_serve.models.checkpoint import CheckpointError
+from vox_serve.rt.checkpoint import CheckpointError
 
 NUM_CODEBOOKS = 9
 CODEBOOK_SIZE = 1024

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from vox_serve.models.checkpoint import init_random, iter_safetensors, load_strict, read_json
 from vox_serve.models.zonos.config import ZonosConfig
 from vox_serve.models.zonos.lm import ZonosLM
+from vox_serve.rt.checkpoint import init_random, iter_safetensors, load_strict, read_json
 
 
 def load_zonos_lm(model_dir: Path | None, device: torch.device, dtype: torch.dtype, *, seed: int = 0,

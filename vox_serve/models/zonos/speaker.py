@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vox_serve.audio_input import resample_as_torchaudio
-from vox_serve.models.checkpoint import CheckpointError, load_strict
+from vox_serve.rt.checkpoint import CheckpointError, load_strict
 
 SAMPLE_RATE = 16000
 N_FFT, WIN_LENGTH, HOP_LENGTH, NUM_MELS = 512, 400, 160, 80
