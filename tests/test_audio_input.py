@@ -48,11 +48,11 @@ def wav(samples: np.ndarray, rate: int, subtype: str = "PCM_16") -> bytes:
 def test_decode_averages_channels_and_keeps_the_rate() -> None:
     left = np.full(800, 0.5, dtype=np.float32)
     stereo = np.stack([left, -0.25 * np.ones_like(left)], axis=1)
-    samples, rate = decode_audio(wav(stereo, 16000, "FLOAT"))
+    samples, rate = decode_audio(wav(stereo, 16000, "FLOAT"), 60.0)
     assert rate == 16000 and samples.dtype == np.float32 and samples.shape == (800,)
     np.testing.assert_allclose(samples, 0.125)
 
 
 def test_decode_rejects_bytes_that_are_not_audio() -> None:
     with pytest.raises(ValueError, match="is not decodable audio"):
-        decode_audio(b"RIFF but not really a wave file" * 8)
+        decode_audio(b"RIFF but not really a wave file" * 8, 60.0)

@@ -228,7 +228,13 @@ class Scheduler:
 
     def can_admit(self, req: Request) -> bool:
         """Base: as many running requests as the decode batch holds."""
-        return len(self.running) < self.limits.max_batch
+        return self.num_batch_places_taken < self.limits.max_batch
+
+    @property
+    def num_batch_places_taken(self) -> int:
+        """Running requests that count against the decode batch: not those waiting for streamed text,
+        which keep their pages and codec slot but leave their batch place to others (text_input.py)."""
+        return sum(not waits_for_text(r) for r in self.running)
 
     def admission_reason(self, req: Request) -> str:
         return "new" if req.num_generated == 0 else "readmit after preemption"
