@@ -56,6 +56,7 @@ class SchedulerService:
         self.meta, self.preprocess, self.send = loop.scheduler.meta, preprocess, send
         self.streamer = streamer
         self.greedy = config.bench.greedy
+        self.max_sessions = config.server.max_sessions
         self.replica, self.incarnation = replica, incarnation
         self.sessions: dict[str, InputSession] = {}
         self.num_finished = self.num_aborted = self.num_failed = 0
@@ -94,9 +95,10 @@ class SchedulerService:
             self._reply_failed(msg.req_id, ipc.ErrorCode.UNSUPPORTED,
                                f"model {self.meta.name} does not support input streaming")
             return
-        if len(self.sessions) >= self.scheduler.config.max_queued_requests:  # sessions wait for their text
+        if len(self.sessions) >= self.max_sessions:  # sessions wait for their text
             self._reply_failed(msg.req_id, ipc.ErrorCode.QUEUE_FULL,
-                               f"the replica is at capacity: {len(self.sessions)} sessions are open")
+                               f"the replica is at capacity: {len(self.sessions)} sessions are open "
+                               f"(--max-sessions {self.max_sessions})")
             return
         if self.streamer is not None:
             try:

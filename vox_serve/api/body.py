@@ -96,7 +96,7 @@ async def read_fields(request: Request, max_upload_bytes: int,
     try:
         with anyio.fail_after(body_timeout_s):
             if media in JSON_TYPES:
-                fields, audio = _json_fields(await limited.body())
+                fields, audio = json_fields(await limited.body())
             else:
                 fields, audio = await _form_fields(limited, media)
     except BodyTooLarge:
@@ -133,7 +133,9 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _json_fields(body: bytes) -> tuple[dict[str, Any], bytes | None]:
+def json_fields(body: bytes) -> tuple[dict[str, Any], bytes | None]:
+    """A JSON body's object and its base64 `audio`, if any; 400 naming `body` for what is not a JSON
+    object (bad syntax or UTF-8, NaN, nesting too deep, an integer of thousands of digits)."""
     try:
         fields = json.loads(body, object_pairs_hook=_unique_keys, parse_float=_finite, parse_constant=_no_constant)
     except FieldError:
@@ -252,12 +254,12 @@ def validate_fields(meta: ProgramMeta, fields: dict[str, Any], require_text: boo
 
 
 def _check_choice(key: str, value: str | None, choices: tuple[str, ...], none_message: str) -> None:
-    """A voice or language must be one the model has (case-insensitively, as the prompt builders match)."""
+    """A voice or language must be one the model lists (GET /info), written as listed."""
     if value is None:
         return
     if not choices:
         raise FieldError(key, none_message)
-    if value.lower() not in {c.lower() for c in choices}:
+    if value not in choices:
         raise FieldError(key, f"{value[:60]!r} is not one of {', '.join(choices)}")
 
 
