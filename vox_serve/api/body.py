@@ -32,7 +32,7 @@ FORM_OVERHEAD_BYTES = 1 << 20  # room for the text fields and multipart framing 
 DISCARD_LIMIT_BYTES = 64 << 20  # past this a refused body is cut off, not read
 JSON_TYPES = ("application/json",)
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
-_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+_BOOLEANS = {"true": True, "false": False}  # as JSON writes them: "1", "on" or "yes" is not taken for true
 MAX_FORM_FIELDS = 64
 DEFAULT_MAX_AUDIO_SECONDS = 600.0  # for a model taking audio that states no limit of its own
 MAX_NUMBER_CHARS = 40  # a form number longer than this is no sampling value (and int() of 5000 digits raises)
@@ -219,11 +219,9 @@ def _form_value(key: str, value: str) -> Any:
     doc = REQUEST_FIELDS.get(key)
     kind = doc.kind if doc is not None else "string"
     if kind == "boolean":
-        if value.lower() in _TRUE:
-            return True
-        if value.lower() in _FALSE:
-            return False
-        raise FieldError(key, f"must be a boolean (true or false), got {value[:40]!r}")
+        if value not in _BOOLEANS:
+            raise FieldError(key, f"must be a boolean (true or false), got {value[:40]!r}")
+        return _BOOLEANS[value]
     if kind in ("integer", "number"):
         if len(value) > MAX_NUMBER_CHARS or not _FORM_NUMBER.fullmatch(value):
             raise FieldError(key, f"must be a number such as 7, -2 or 0.5e-3, got {value[:40]!r}")

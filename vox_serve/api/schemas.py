@@ -23,6 +23,7 @@ class FieldDoc:
     bounds: dict[str, float] = field(default_factory=dict)  # JSON-schema range keywords
 
 
+INT64_MAX = 2**63 - 1  # integers travel to the replicas as signed 64-bit (msgpack)
 REQUEST_FIELDS: dict[str, FieldDoc] = {
     "text": FieldDoc("string", "Text to speak: required, with a visible character (not only whitespace, "
                      "controls or invisible marks), at most `max_text_chars` characters (GET /info), and short "
@@ -39,14 +40,15 @@ REQUEST_FIELDS: dict[str, FieldDoc] = {
                                    "ignoring `ref_text` (default: true when `ref_text` is absent)."),
     "temperature": FieldDoc("number", "Sampling temperature; 0 is greedy.", {"minimum": 0, "maximum": 10}),
     "top_p": FieldDoc("number", "Nucleus sampling mass.", {"exclusiveMinimum": 0, "maximum": 1}),
-    "top_k": FieldDoc("integer", "Sample among the k most likely tokens; 0 disables.", {"minimum": 0}),
+    "top_k": FieldDoc("integer", "Sample among the k most likely tokens; 0 disables.",
+                      {"minimum": 0, "maximum": INT64_MAX}),
     "min_p": FieldDoc("number", "Drop tokens below min_p times the top probability.",
                       {"minimum": 0, "exclusiveMaximum": 1}),
     "repetition_penalty": FieldDoc("number", "Penalty on recently generated tokens; 1 disables.",
                                    {"exclusiveMinimum": 0, "maximum": 10}),
-    "max_tokens": FieldDoc("integer", "Most tokens to generate.", {"minimum": 1}),
+    "max_tokens": FieldDoc("integer", "Most tokens to generate.", {"minimum": 1, "maximum": INT64_MAX}),
     "seed": FieldDoc("integer", "Seed of this request's sampling; the same seed repeats the same audio.",
-                     {"minimum": 0, "maximum": 2**63 - 1}),
+                     {"minimum": 0, "maximum": INT64_MAX}),
     "ignore_eos": FieldDoc("boolean", "Keep generating until max_tokens even after a stop token."),
 }
 ALIASES = {"speaker": "voice"}
@@ -61,7 +63,7 @@ def accepted_fields(meta: ProgramMeta | None) -> list[str]:
     return list(meta.accepted_fields)
 
 
-def _property(name: str, meta: ProgramMeta | None, media: str) -> dict[str, Any]:
+def _property(name: str, meta: ProgramMeta | None, media: str, whole_text: bool) -> dict[str, Any]:
     if name == AUDIO_FIELD:
         if media == "json":
             return {"type": "string", "contentEncoding": "base64", "pattern": BASE64_PATTERN,
@@ -70,7 +72,9 @@ def _property(name: str, meta: ProgramMeta | None, media: str) -> dict[str, Any]
     doc = REQUEST_FIELDS.get(name, FieldDoc("string", "A field of this model."))
     prop: dict[str, Any] = {"type": doc.kind, "description": doc.description, **doc.bounds}
     if name == "text":
-        prop.update(minLength=1, pattern=VISIBLE_PATTERN)
+        prop["minLength"] = 1
+        if whole_text:  # a session's first piece may be only spaces: its whole text is checked at its end
+            prop["pattern"] = VISIBLE_PATTERN
         if meta is not None:
             prop["maxLength"] = meta.max_text_chars
     choices = {"voice": meta.voices, "language": meta.languages} if meta is not None else {}
@@ -87,7 +91,7 @@ def request_schema(meta: ProgramMeta | None, media: str, text_required: bool = T
     """JSON schema of a generate request body sent as `media`: json, multipart or urlencoded
     (which cannot carry a file)."""
     names = [n for n in accepted_fields(meta) if n != AUDIO_FIELD or media != "urlencoded"]
-    props = {name: _property(name, meta, media) for name in names}
+    props = {name: _property(name, meta, media, whole_text=text_required) for name in names}
     for alias, target in ALIASES.items():
         if target in props:
             props[alias] = {**props[target], "description": f"Alias of `{target}`."}
