@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,23 +12,48 @@ from vox_serve.config import VoxConfig
 from vox_serve.core.request import Request
 from vox_serve.engine.build import build_program
 from vox_serve.engine_loop import EngineLoop
+from vox_serve.progress import Progress
 from vox_serve.request_builder import FieldError, build_request
 from vox_serve.scheduler.factory import make_scheduler
 from vox_serve.worker.program_worker import ProgramWorker, startup_report
 
 
-def build_loop(config: VoxConfig) -> tuple[EngineLoop, object]:
-    program = build_program(config)
+def set_cpu_threads(config: VoxConfig) -> None:
+    """On CPU, as many intra-op threads as there are idle cores (those the load average leaves), split
+    among the replicas; unless OMP_NUM_THREADS says otherwise. Oversubscribed threads make every step
+    many times slower: the README's main job ran 17x longer with 2 threads than with 1 on a loaded
+    2-core machine."""
+    import torch
+
+    device = config.model.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cpu" or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = os.cpu_count() or 1
+    idle = cores - int(os.getloadavg()[0]) if hasattr(os, "getloadavg") else cores
+    torch.set_num_threads(max(1, min(cores, idle) // config.server.dp_size))
+
+
+def build_loop(config: VoxConfig, progress: Progress | None = None) -> tuple[EngineLoop, object]:
+    """The engine loop of one replica; `progress` shows its start-up stages as they run."""
+    progress = progress or Progress()
+    with progress.stage("load", f"{config.model.model} weights, KV cache and arenas"):
+        program = build_program(config)
     scheduler = make_scheduler(program.meta, program.limits, config.scheduler)
-    worker = ProgramWorker(program, use_cuda_graphs=not config.engine.disable_cuda_graph,
-                           nvtx=config.engine.enable_nvtx)
+    graphs = not config.engine.disable_cuda_graph and program.device.type == "cuda"
+    with progress.stage("warm-up", "a first prefill" + (" and CUDA graph capture" if graphs else " (no graphs here)")):
+        worker = ProgramWorker(program, use_cuda_graphs=not config.engine.disable_cuda_graph,
+                               nvtx=config.engine.enable_nvtx)
     print(startup_report(program, worker), file=sys.stderr)
     return EngineLoop(scheduler, worker, nvtx=config.engine.enable_nvtx), program
 
 
 def run_bench(config: VoxConfig) -> int:
     t0 = time.perf_counter()
-    loop, program = build_loop(config)
+    set_cpu_threads(config)
+    progress = Progress()
+    loop, program = build_loop(config, progress)
     meta = program.meta
     print(f"model {meta.name} ready in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     audio: dict[str, list[bytes]] = {}
@@ -52,7 +78,15 @@ def run_bench(config: VoxConfig) -> int:
     start = time.perf_counter()
     for req in requests:
         loop.scheduler.add_request(req)
-    loop.run_until_idle()
+
+    def show(final: bool = False) -> None:
+        done = sum(r.status.is_done for r in requests)
+        samples = sum(len(pcm) for chunks in audio.values() for pcm in chunks) // 2
+        progress.requests(done, len(requests), sum(r.num_generated for r in requests),
+                          sum(r.sampling.max_tokens for r in requests), samples / meta.sample_rate, final)
+
+    loop.run_until_idle(on_poll=show)
+    show(final=True)
     wall = time.perf_counter() - start
     return _report(config, requests, audio, wall, meta.sample_rate)
 

@@ -327,16 +327,6 @@ def replica_config(config: VoxConfig, replica: int) -> VoxConfig:
     return replace(config, model=replace(config.model, device=device))
 
 
-def _share_cpu(config: VoxConfig) -> None:
-    """CPU replicas split the cores (unless OMP_NUM_THREADS says otherwise): oversubscribed
-    intra-op threads make every replica many times slower."""
-    if config.model.device != "cpu" or "OMP_NUM_THREADS" in os.environ:
-        return
-    import torch
-
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.server.dp_size))
-
-
 def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="one vox-serve scheduler process (started by the API)")
     parser.add_argument("--config", required=True, help="VoxConfig as JSON")
@@ -356,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     conn = Connection(args.bind, args.api)
     try:
         config = replica_config(VoxConfig.from_dict(json.loads(args.config)), args.replica)
-        _share_cpu(config)
-        from vox_serve.bench import build_loop
+        from vox_serve.bench import build_loop, set_cpu_threads
+
+        set_cpu_threads(config)
 
         loop, program = build_loop(config)
     except Exception as exc:
