@@ -66,9 +66,10 @@ def accepted_fields(meta: ProgramMeta | None) -> list[str]:
 def _property(name: str, meta: ProgramMeta | None, media: str, whole_text: bool) -> dict[str, Any]:
     if name == AUDIO_FIELD:
         if media == "json":
-            return {"type": "string", "contentEncoding": "base64", "pattern": BASE64_PATTERN,
+            return {"type": "string", "contentEncoding": "base64", "pattern": BASE64_PATTERN, "minLength": 1,
                     "description": f"{AUDIO_DOC} Base64-encoded."}
-        return {"type": "string", "format": "binary", "contentMediaType": "audio/*", "description": AUDIO_DOC}
+        return {"type": "string", "format": "binary", "contentMediaType": "audio/*", "minLength": 1,
+                "description": AUDIO_DOC}
     doc = REQUEST_FIELDS.get(name, FieldDoc("string", "A field of this model."))
     prop: dict[str, Any] = {"type": doc.kind, "description": doc.description, **doc.bounds}
     if name == "text":
@@ -82,6 +83,8 @@ def _property(name: str, meta: ProgramMeta | None, media: str, whole_text: bool)
         prop["enum"] = list(choices[name])
     if name == "streaming":
         prop["default"] = True
+        if not whole_text:  # an input-streaming session always streams
+            prop["enum"] = [True]
     elif meta is not None and name in meta.default_sampling:
         prop["default"] = meta.default_sampling[name]
     return prop
