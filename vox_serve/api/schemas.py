@@ -166,6 +166,8 @@ class SessionStatus(BaseModel):
 class HealthResponse(BaseModel):
     status: Literal["ok", "unavailable"]
     reason: str | None = Field(description="Why the server is unavailable.")
+    server_pid: int = Field(description="The API server's process id: a start-up script can tell that the "
+                                        "server answering is the one it started.")
     replicas: list[ReplicaStatus]
     sessions: SessionStatus
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -30,7 +32,7 @@ async def health(request: Request) -> JSONResponse:
     server = manager.config.server
     sessions = SessionStatus(open=len(manager.sessions), max_per_replica=server.max_sessions,
                              idle_timeout_s=server.session_idle_timeout_s)
-    body = HealthResponse(status="ok" if reason is None else "unavailable", reason=reason,
+    body = HealthResponse(status="ok" if reason is None else "unavailable", reason=reason, server_pid=os.getpid(),
                           replicas=manager.status(), sessions=sessions)
     return JSONResponse(body.model_dump(), status_code=200 if reason is None else 503)
 

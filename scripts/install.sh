@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The README's install step: torch (the CPU build on a machine without an NVIDIA GPU; see
+# install_torch.sh), vox-serve editable with its test extra, and the Qwen3-TTS reference environment
+# (.venv-qwen) that the equivalence tests run in a subprocess. Idempotent; add other install steps here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_torch.sh python
+python -m pip install -e ".[test]"
+bash scripts/setup_qwen_reference.sh
