@@ -18,7 +18,7 @@ from vox_serve import __version__
 from vox_serve.api import generate, sessions, system
 from vox_serve.api.errors import EXCEPTION_HANDLERS
 from vox_serve.api.replicas import ReplicaManager
-from vox_serve.api.schemas import error_responses_doc, request_schema
+from vox_serve.api.schemas import AUDIO_FIELD, error_responses_doc, request_schema
 from vox_serve.api.security import OPEN_PATHS, SECURITY_SCHEME, secure
 from vox_serve.config import VoxConfig
 
@@ -56,9 +56,11 @@ def _generate_body(manager: ReplicaManager, text_required: bool) -> dict[str, An
     content = {
         "application/json": {"schema": request_schema(meta, "json", text_required)},
         "multipart/form-data": {"schema": request_schema(meta, "multipart", text_required)},
-        "application/x-www-form-urlencoded": {"schema": request_schema(meta, "urlencoded", text_required)},
     }
-    return {"required": text_required, "content": content}
+    needs_audio = meta is not None and AUDIO_FIELD in request_schema(meta, "json").get("required", [])
+    if not needs_audio:  # an urlencoded form cannot carry a file: no way to call a model that needs audio
+        content["application/x-www-form-urlencoded"] = {"schema": request_schema(meta, "urlencoded", text_required)}
+    return {"required": text_required or needs_audio, "content": content}
 
 
 def _text_body() -> dict[str, Any]:

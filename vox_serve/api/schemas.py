@@ -113,9 +113,8 @@ def request_schema(meta: ProgramMeta | None, media: str, text_required: bool = T
 
 # What the server refuses across fields, as JSON schema: an alias beside its field (see ALIASES), and
 # in-context cloning (x_vector_only_mode false) without a transcript.
-IN_CONTEXT_NEEDS_TRANSCRIPT: dict[str, Any] = {"anyOf": [
+IN_CONTEXT_NEEDS_TRANSCRIPT: dict[str, Any] = {"anyOf": [  # the second holds when the mode is absent or true
     {"required": ["ref_text"], "properties": {"ref_text": {"minLength": 1}}},
-    {"not": {"required": ["x_vector_only_mode"]}},
     {"properties": {"x_vector_only_mode": {"const": True}}},
 ]}
 BASE64_PATTERN = r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
