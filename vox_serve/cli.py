@@ -112,7 +112,7 @@ FLAGS: tuple[Flag, ...] = (
     _f("--body-timeout-s", type=float, default=ServerConfig.body_timeout_s,
        help="answer 408 to a request whose body has not arrived within this many seconds"),
     _f("--max-connections", type=int, default=ServerConfig.max_connections,
-       help="open HTTP connections before new ones are answered 503"),
+       help="open HTTP connections; one beyond them is closed at once"),
     _f("--api-key", default=None,
        help="require 'Authorization: Bearer KEY' on every route but /health (default: $VOX_SERVE_API_KEY, "
             "else none); the environment variable keeps the key out of the process list"),
