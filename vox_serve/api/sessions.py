@@ -52,7 +52,7 @@ def _session(manager: ReplicaManager, session_id: str) -> Session:
 def _check_piece(meta: ProgramMeta, num_chars: int, text: Any) -> int:
     """The session's length with `text` added; FieldError if the piece is not acceptable."""
     if not isinstance(text, str) or not text:
-        raise FieldError("text", "must be a non-empty string")
+        raise FieldError("text", "must be a non-empty string (not null)")
     check_encodable("text", text)
     total = num_chars + len(text)
     if total > meta.max_text_chars:
@@ -77,8 +77,8 @@ async def start(request: Request) -> StreamStartResponse:
     meta = _meta(manager)
     fields, audio = await read_fields(request, max_upload_bytes(config), config.server.body_timeout_s)
     await check_audio(meta, audio)
-    text = fields.pop("text", None)
-    if text is not None:
+    has_text, text = "text" in fields, fields.pop("text", None)
+    if has_text:  # null included: refused as POST /generate refuses it
         _check_piece(meta, 0, text)
     clean = validate_session_fields(meta, fields)
     if not manager.session_room():
@@ -87,7 +87,7 @@ async def start(request: Request) -> StreamStartResponse:
     handle = await manager.submit(clean, audio or b"", input_streaming=True)
     session = Session(handle, last_activity=time.monotonic())
     manager.sessions[handle.req_id] = session
-    if text is not None:
+    if has_text:
         _append(manager, meta, session, text)
     return StreamStartResponse(id=handle.req_id, sample_rate=meta.sample_rate)
 
