@@ -38,6 +38,12 @@ def test_health_reports_the_session_limits(server: Server) -> None:
     assert server.health()[1]["sessions"] == {"open": 0, "max_per_replica": MAX_BATCH, "idle_timeout_s": IDLE_S}
     limits = server.client.get("/info").json()["limits"]
     assert limits["max_sessions"] == MAX_BATCH and limits["session_idle_timeout_s"] == IDLE_S
+    paths = server.client.get("/openapi.json").json()["paths"]  # a model with input streaming lists its routes
+    assert set(paths["/generate/stream/{session_id}/text"]["post"]["requestBody"]["content"]) == {
+        "application/json", "text/plain"}
+    start_schema = paths["/generate/stream/start"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert start_schema["properties"]["streaming"]["enum"] == [True] and "pattern" not in start_schema[
+        "properties"]["text"]
 
 
 def test_idle_sessions_block_no_request_and_end_after_the_idle_timeout(server: Server) -> None:
