@@ -10,6 +10,7 @@ VENV=${QWEN_REF_VENV:-.venv-qwen}
 CHECK='import importlib.util as u, sys; sys.exit(u.find_spec("qwen_tts") is None or u.find_spec("librosa") is None)'
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "$CHECK" 2>/dev/null; then
   python3 -m venv "$VENV"
+  bash scripts/install_torch.sh "$VENV/bin/python"  # the CPU build on a CPU machine, as for the main environment
   "$VENV/bin/pip" install -q torch==2.13.0 "transformers==4.57.3" "accelerate==1.12.0" einops soundfile \
     safetensors numpy librosa
   # qwen-tts's other requirements (gradio, onnxruntime, sox, torchaudio) serve its demo and audio I/O,

@@ -56,14 +56,16 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float
 
 
 class Server:
-    def __init__(self, log_dir: Path, *flags: str, paths: tuple[Path, ...] = ()) -> None:
+    def __init__(self, log_dir: Path, *flags: str, paths: tuple[Path, ...] = (),
+                 env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"server-{self.port}.log"
         cmd = [sys.executable, "-m", "vox_serve.launch", *TINY_FLAGS, "--host", "127.0.0.1",
                "--port", str(self.port), *flags]
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(*paths), stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env={**child_env(*paths), **(env or {})}, stdout=log,
+                                         stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         self.client = httpx.Client(base_url=self.url, timeout=60.0)
 
@@ -116,10 +118,11 @@ class Server:
 
 
 @contextmanager
-def running_server(log_dir: Path, *flags: str, paths: tuple[Path, ...] = ()) -> Iterator[Server]:
+def running_server(log_dir: Path, *flags: str, paths: tuple[Path, ...] = (),
+                   env: dict[str, str] | None = None) -> Iterator[Server]:
     """A healthy server for the duration of the block, stopped (process group and all) after it.
-    `paths` go first on the server's PYTHONPATH."""
-    server = Server(log_dir, *flags, paths=paths)
+    `paths` go first on the server's PYTHONPATH; `env` adds to its environment."""
+    server = Server(log_dir, *flags, paths=paths, env=env)
     try:
         server.wait_healthy()
         yield server

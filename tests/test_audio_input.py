@@ -48,11 +48,30 @@ def wav(samples: np.ndarray, rate: int, subtype: str = "PCM_16") -> bytes:
 def test_decode_averages_channels_and_keeps_the_rate() -> None:
     left = np.full(800, 0.5, dtype=np.float32)
     stereo = np.stack([left, -0.25 * np.ones_like(left)], axis=1)
-    samples, rate = decode_audio(wav(stereo, 16000, "FLOAT"))
+    samples, rate = decode_audio(wav(stereo, 16000, "FLOAT"), 60.0)
     assert rate == 16000 and samples.dtype == np.float32 and samples.shape == (800,)
     np.testing.assert_allclose(samples, 0.125)
 
 
 def test_decode_rejects_bytes_that_are_not_audio() -> None:
     with pytest.raises(ValueError, match="is not decodable audio"):
-        decode_audio(b"RIFF but not really a wave file" * 8)
+        decode_audio(b"RIFF but not really a wave file" * 8, 60.0)
+
+
+def test_decoding_stops_at_the_limit_instead_of_reading_a_long_file_whole() -> None:
+    """Issue 10, defect 1: an hour of FLAC silence (half a megabyte) was decoded whole before its
+    length was checked."""
+    from vox_serve.audio_upload import AudioError, audio_seconds
+
+    buf = io.BytesIO()
+    soundfile.write(buf, np.zeros((48000 * 3600, 1), np.int16), 48000, format="FLAC", subtype="PCM_16")
+    with pytest.raises(AudioError, match="3600.0 s long"):
+        decode_audio(buf.getvalue(), 60.0)
+    raw = io.BytesIO()  # a container that states no length: the blocks are counted, up to the limit
+    soundfile.write(raw, np.zeros(16000 * 3, np.int16), 16000, format="RAW", subtype="PCM_16")
+    with pytest.raises(AudioError, match="is not decodable audio"):
+        audio_seconds(raw.getvalue(), 1.0)  # headerless: libsndfile cannot read it
+    clip = wav(np.zeros(16000 * 3, np.float32), 16000)
+    assert audio_seconds(clip, 60.0) == 3.0
+    with pytest.raises(AudioError, match="longer than 2 s|3.0 s long"):
+        decode_audio(clip, 2.0)

@@ -44,6 +44,10 @@ def test_bench_writes_valid_repeatable_wavs(tmp_path: Path) -> None:
     assert lines[0].split()[:4] == ["request", "ttfa_ms", "latency_s", "audio_s"]
     assert sum(line.startswith("bench-") and line.rstrip().endswith("length") for line in lines) == 4
     assert "RTF" in lines[-1]
+    # Start-up stages and the run's progress are shown on stderr while they happen (issue 10).
+    for stage in ("vox-serve: load:", "load done in", "vox-serve: warm-up:", "warm-up done in"):
+        assert stage in first.stderr, first.stderr
+    assert f"4/4 requests, {4 * MAX_TOKENS}/{4 * MAX_TOKENS} tokens" in first.stderr
 
 
 def test_bench_rejects_unknown_request_field(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -48,7 +49,7 @@ def test_python_help_lists_python_flags_only() -> None:
 
 
 def test_rust_only_flag_dropped_with_warning_on_fallback() -> None:
-    kept, warnings = check_flags(given_flags(["--urgent-lane", "--model", "x"]), "python", rust_missing=True)
+    kept, warnings = check_flags(given_flags(["--urgent-lane", "--model", "orpheus-tiny"]), "python", rust_missing=True)
     assert "urgent_lane" not in kept
     assert any("--urgent-lane" in w for w in warnings)
 
@@ -94,3 +95,63 @@ def test_unknown_model_fails_cleanly() -> None:
     assert proc.returncode != 0
     assert "unknown model" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--device", "gpu"], r"--device 'gpu': expected auto, cpu, cuda or cuda:N \(a GPU is --device cuda"),
+    (["--device", "cuda:x"], "expected auto, cpu, cuda or cuda:N"),
+    (["--port", "99999"], "--port 99999: must be 1 to 65535"),
+    (["--port", "0"], "must be 1 to 65535"),
+    (["--model", "orpheus-tin"], "unknown model 'orpheus-tin': did you mean orpheus-tiny"),
+    (["--model", "qwen3-tts-tny"], "did you mean qwen3-tts-tiny"),
+    (["--bench-requests", "0"], r"--bench-requests 0: must be >= 1 \(leave the flag out to serve HTTP\)"),
+    (["--max-connections", "0"], "--max-connections must be >= 1"),
+    (["--header-timeout-s", "0"], "--header-timeout-s must be > 0"),
+    (["--api-key", " "], "--api-key must not be empty"),
+])
+def test_rough_command_lines_get_a_clear_error(argv: list[str], match: str) -> None:
+    """Issue 10: these ended in tracebacks, built the 3B model with random weights for a typo, or
+    silently served HTTP."""
+    with pytest.raises(CliError, match=match):
+        check_flags(given_flags(argv), "python", rust_missing=True)
+
+
+def test_rough_command_lines_exit_2_without_a_traceback() -> None:
+    for argv in (["--device", "gpu", "--bench-requests", "1"], ["--port", "99999"], ["--model", "orpheus-tin"]):
+        proc = _run(*argv)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and "error:" in proc.stderr, proc.stderr
+
+
+def test_model_names_checkpoint_dirs_and_hub_ids_are_taken(tmp_path) -> None:  # noqa: ANN001
+    for name in ("orpheus-tiny", "qwen3-tts-base-0.6b", "Qwen/Qwen3-TTS-12Hz-1.7B-Base", str(tmp_path)):
+        check_flags(given_flags(["--model", name]), "python", rust_missing=True)
+
+
+def test_model_help_lists_every_registry_name() -> None:
+    from vox_serve.models.names import NAMES
+
+    proc = _run("--runtime", "python", "--help")
+    help_text = re.sub(r"-\s+", "-", proc.stdout)  # argparse wraps lines at hyphens
+    assert all(name in help_text for name in NAMES), help_text
+
+
+def test_version_and_runtime_rust_next_step() -> None:
+    from vox_serve import __version__
+
+    proc = _run("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"vox-serve {__version__}"
+    proc = _run("--runtime", "rust", "--model", "orpheus-tiny")
+    assert proc.returncode == 2 and "pip install -e ." in proc.stderr and "--runtime python" in proc.stderr
+
+
+def test_server_flags_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["--header-timeout-s", "3", "--body-timeout-s", "4", "--max-connections", "9", "--allowed-origins",
+            "http://a.example, http://b.example", "--max-batch-size", "5", "--session-idle-timeout-s", "7"]
+    monkeypatch.delenv("VOX_SERVE_API_KEY", raising=False)
+    server = build_config(check_flags(given_flags(argv), "python", True)[0], "python").server
+    assert (server.header_timeout_s, server.body_timeout_s, server.max_connections) == (3, 4, 9)
+    assert server.allowed_origins == ("http://a.example", "http://b.example") and server.api_key is None
+    assert server.max_sessions == 5 and server.session_idle_timeout_s == 7  # sessions default to the batch
+    monkeypatch.setenv("VOX_SERVE_API_KEY", "from-env")
+    assert build_config({}, "python").server.api_key == "from-env"
+    assert build_config({"api_key": "flag"}, "python").server.api_key == "flag"

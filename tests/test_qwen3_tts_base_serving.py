@@ -145,6 +145,24 @@ def test_http_unreadable_upload_is_a_422(server: Server) -> None:
     assert response.status_code == 422 and response.json()["error"]["field"] == "audio"
 
 
+def test_http_an_hour_long_clip_is_refused_before_anything_decodes_it(server: Server) -> None:
+    """Issue 10, defect 1: a 546 KB FLAC of an hour of silence grew the API by 336 MB and the replica to
+    2.5 GB, and stalled its other streams for 11 s, before the 422. Now the API reads the container's
+    length first (and would stop decoding at the limit), so nothing reaches the replica."""
+    buf = io.BytesIO()
+    soundfile.write(buf, np.zeros((48000 * 3600, 1), np.int16), 48000, format="FLAC", subtype="PCM_16")
+    [replica] = server.replicas()
+    dispatched = replica["finished"] + replica["failed"]
+    response = server.client.post("/generate", data={"text": "Hi."}, files={"audio": ("hour.flac", buf.getvalue())},
+                                  timeout=10.0)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["field"] == "audio" and "3600.0 s long" in error["message"] and "60 s" in error["message"]
+    wait_until(lambda: server.replicas()[0]["pid"] == replica["pid"], 2.0)
+    [after] = server.replicas()
+    assert after["finished"] + after["failed"] == dispatched  # the replica never saw it
+
+
 def stream_session(server: Server, pieces: list[str]) -> bytes:
     """An x-vector-only clone streamed over HTTP: the clip uploaded with the session's start (multipart)."""
     form = {"text": pieces[0], "language": "english", "max_tokens": "6", "ignore_eos": "true"}

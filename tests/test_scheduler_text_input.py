@@ -83,3 +83,16 @@ def test_the_engine_loop_waits_for_text_instead_of_failing_a_request_that_cannot
     b.add("late", frames=5, prompt_len=28)  # needs more pages than are left
     assert [loop.poll() for _ in range(5)] == [TEXT_WAIT_S] * 5
     assert [r.req_id for r in b.scheduler.waiting] == ["late"]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_requests_waiting_for_text_leave_their_batch_places_to_others(policy: str) -> None:
+    """Issue 10, defect 2: with a decode batch of 2, two requests whose text has run dry held every
+    batch place, and an ordinary request waited until they timed out."""
+    b = Bench(policy, TEXT_META, dataclasses.replace(limits(max_batch=2), num_codec_slots=4))
+    dry = [add_streaming(b, f"dry-{i}", num_ids=3) for i in range(2)]
+    run_until(b, lambda: b.scheduler.num_waiting_for_text == 2)
+    assert all(r.status is RequestStatus.RUNNING for r in dry)
+    other = b.add("other", frames=6)
+    run_until(b, lambda: finished(other), max_steps=300)
+    assert all(r.status is RequestStatus.RUNNING and b.scheduler.pool.pages(r.req_id) for r in dry)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from vox_serve.audio_upload import read_mono
 
 # Filter half-length in zero crossings of the low-pass sinc, and its cut-off as a fraction of the lower
 # Nyquist frequency: tones up to 0.85 x Nyquist pass within 1e-3, aliases fall below -55 dB.
@@ -17,19 +18,13 @@ ROLLOFF = 0.97
 TORCHAUDIO_ZERO_CROSSINGS, TORCHAUDIO_ROLLOFF = 6, 0.99
 
 
-def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
+def decode_audio(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
     """An audio file's bytes -> (float32 mono samples in [-1, 1], sample rate); channels are averaged.
 
-    Raises ValueError (the reason from libsndfile) for bytes that are not audio it can read.
+    Decodes at most `max_seconds` (and a block): longer audio raises AudioError (a ValueError) without
+    being decoded whole, as do bytes that are not audio libsndfile can read (with its reason).
     """
-    import soundfile  # only uploads need libsndfile: a server without it still serves text
-
-    try:
-        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        why = getattr(exc, "error_string", None) or str(exc)
-        raise ValueError(f"is not decodable audio ({why.strip().rstrip('.')})") from exc
-    return samples.mean(axis=1).astype(np.float32), int(rate)
+    return read_mono(data, max_seconds)
 
 
 def resample(audio: torch.Tensor, orig_rate: int, new_rate: int, *, zero_crossings: int = SINC_ZERO_CROSSINGS,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -9,29 +10,56 @@ from pathlib import Path
 from vox_serve.audio import write_wav
 from vox_serve.config import VoxConfig
 from vox_serve.core.request import Request
-from vox_serve.engine import build_engine, get_engine
+from vox_serve.engine.build import engine_of_program, load_program
 from vox_serve.engine_loop import EngineLoop
+from vox_serve.progress import Progress
 from vox_serve.request_builder import FieldError, build_request
 from vox_serve.rt.program import Program
 from vox_serve.scheduler.factory import make_scheduler
 from vox_serve.worker.engine_worker import EngineWorker
 
 
-def build_loop(config: VoxConfig, record: bool = False, time_stages: bool = False) -> tuple[EngineLoop, Program]:
-    """The Python runtime's loop for one replica: the engine built and captured, driven through its spec.
-    The program is returned for its prompt builder (`preprocess`), which runs off the step path.
-    `time_stages`: device time of every launch (CUDA events; always with --trace-dir), for /metrics."""
-    spec = build_engine(config)
+def set_cpu_threads(config: VoxConfig) -> None:
+    """On CPU, as many intra-op threads as there are idle cores (those the load average leaves), split
+    among the replicas; unless OMP_NUM_THREADS says otherwise. Oversubscribed threads make every step
+    many times slower: the README's main job ran 17x longer with 2 threads than with 1 on a loaded
+    2-core machine."""
+    import torch
+
+    device = config.model.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cpu" or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = os.cpu_count() or 1
+    idle = cores - int(os.getloadavg()[0]) if hasattr(os, "getloadavg") else cores
+    torch.set_num_threads(max(1, min(cores, idle) // config.server.dp_size))
+
+
+def build_loop(config: VoxConfig, progress: Progress | None = None, record: bool = False,
+               time_stages: bool = False) -> tuple[EngineLoop, Program]:
+    """The Python runtime's loop for one replica: the engine built and captured, driven through its spec
+    (`progress` shows the start-up stages as they run). The program is returned for its prompt builder
+    (`preprocess`), which runs off the step path. `time_stages`: the device time of every launch (CUDA
+    events; always with --trace-dir), for /metrics."""
+    progress = progress or Progress()
+    with progress.stage("load", f"{config.model.model} weights"):
+        program = load_program(config)
+    graphs = not config.engine.disable_cuda_graph and program.device.type == "cuda"
+    what = "request state, KV cache" + (", warm-up and CUDA graph capture" if graphs else " (eager stages here)")
+    with progress.stage("warm-up", what):
+        spec = engine_of_program(program, config)
     timed = time_stages or config.scheduler.trace_dir is not None
     worker = EngineWorker(spec, time_stages=timed, nvtx=config.engine.enable_nvtx)
     scheduler = make_scheduler(worker.meta, worker.limits, config.scheduler)
-    loop = EngineLoop(scheduler, worker, nvtx=config.engine.enable_nvtx, record=record)
-    return loop, get_engine(spec["engine_id"]).program
+    return EngineLoop(scheduler, worker, nvtx=config.engine.enable_nvtx, record=record), program
 
 
 def run_bench(config: VoxConfig) -> int:
     t0 = time.perf_counter()
-    loop, program = build_loop(config)
+    set_cpu_threads(config)
+    progress = Progress()
+    loop, program = build_loop(config, progress)
     meta = program.meta
     print(f"model {meta.name} ready in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     audio: dict[str, list[bytes]] = {}
@@ -56,7 +84,15 @@ def run_bench(config: VoxConfig) -> int:
     start = time.perf_counter()
     for req in requests:
         loop.scheduler.add_request(req)
-    loop.run_until_idle()
+
+    def show(final: bool = False) -> None:
+        done = sum(r.status.is_done for r in requests)
+        samples = sum(len(pcm) for chunks in audio.values() for pcm in chunks) // 2
+        progress.requests(done, len(requests), sum(r.num_generated for r in requests),
+                          sum(r.sampling.max_tokens for r in requests), samples / meta.sample_rate, final)
+
+    loop.run_until_idle(on_poll=show)
+    show(final=True)
     wall = time.perf_counter() - start
     return _report(config, requests, audio, wall, meta.sample_rate)
 

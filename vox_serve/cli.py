@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from vox_serve import __version__
 from vox_serve.config import (
     BenchConfig,
     CacheConfig,
@@ -23,11 +26,13 @@ from vox_serve.config import (
     ServerConfig,
     VoxConfig,
 )
+from vox_serve.models.names import NAMES, model_name_problem
 
 PY, RS = "python", "rust"
 BOTH = frozenset({PY, RS})
 SCHEDULER_TYPES_PY = ("base", "online", "offline", "input_streaming", "deadline")
 IMPLEMENTED_SCHEDULERS = SCHEDULER_TYPES_PY
+API_KEY_ENV = "VOX_SERVE_API_KEY"
 
 
 class CliError(Exception):
@@ -58,12 +63,12 @@ FLAGS: tuple[Flag, ...] = (
        help="serving runtime: auto (Rust if available, else Python), python or rust"),
     # model
     _f("--model", default="orpheus",
-       help="model name (orpheus, orpheus-tiny, qwen3-tts, qwen3-tts-tiny), Hugging Face id or local directory"),
+       help=f"model name ({', '.join(NAMES)}), Hugging Face id (owner/name, local cache) or local directory"),
     _f("--load-format", choices=["auto", "safetensors", "dummy"], default="auto",
        help="dummy: random weights of the configured shapes (no checkpoint needed)"),
     _f("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
        help="weight/activation dtype (auto: bfloat16 on GPU, float32 on CPU)"),
-    _f("--device", default="auto", help="auto, cpu, cuda or cuda:N"),
+    _f("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N"),
     _f("--codec-path", default=None, help="codec checkpoint directory (default: inside the model's)"),
     _f("--seed", type=int, default=0, help="seed of dummy weights and of requests without a seed"),
     # cache
@@ -106,8 +111,24 @@ FLAGS: tuple[Flag, ...] = (
        help="directory of saved voices (POST /v1/audio/voices); kept across restarts"),
     _f("--max-input-chars", type=int, default=ServerConfig.max_input_chars,
        help="longest text of one /v1/audio/speech request; longer than the model takes is split at sentences"),
+    _f("--header-timeout-s", type=float, default=ServerConfig.header_timeout_s,
+       help="close a connection that has not sent a request's headers within this many seconds"),
+    _f("--body-timeout-s", type=float, default=ServerConfig.body_timeout_s,
+       help="answer 408 to a request whose body has not arrived within this many seconds"),
+    _f("--max-connections", type=int, default=ServerConfig.max_connections,
+       help="open HTTP connections; one beyond them is closed at once"),
+    _f("--api-key", default=None,
+       help="require 'Authorization: Bearer KEY' on every route but /health (default: $VOX_SERVE_API_KEY, "
+            "else none); the environment variable keeps the key out of the process list"),
+    _f("--allowed-origins", default=None,
+       help="comma-separated browser origins allowed to call the API (CORS); default: CORS off"),
+    _f("--max-sessions", type=int, default=None,
+       help="open input-streaming sessions per replica (default: --max-batch-size)"),
+    _f("--session-idle-timeout-s", type=float, default=ServerConfig.session_idle_timeout_s,
+       help="end an input-streaming session that receives no text (or, ended, is not read) for this long"),
     # bench mode
-    _f("--bench-requests", type=int, default=0, help="run N concurrent requests without HTTP and exit"),
+    _f("--bench-requests", type=int, default=0,
+       help="run N (>= 1) concurrent requests without HTTP and exit; leave it out to serve HTTP"),
     _f("--bench-out", default=None, help="directory for one WAV per bench request"),
     _f("--bench-text", default=BenchConfig.text, help="text of each bench request"),
     _f("--bench-kwargs", default="{}",
@@ -166,6 +187,7 @@ def build_parser(runtime: str | None) -> argparse.ArgumentParser:
         if not flag.implemented:
             help_text = f"{help_text} [not implemented yet]".strip()
         parser.add_argument(*flag.names, help=help_text or None, **kwargs)
+    parser.add_argument("--version", action="version", version=f"vox-serve {__version__}")
     return parser
 
 
@@ -219,8 +241,10 @@ def _check_values(kept: dict[str, Any]) -> None:
         raise CliError(f"--first-chunk-frames {first} must be at most --detokenize-interval {interval}")
     if not 0.0 < kept.get("gpu_memory_utilization", 0.9) <= 1.0:
         raise CliError("--gpu-memory-utilization must be in (0, 1]")
-    if kept.get("bench_requests", 0) < 0:
-        raise CliError("--bench-requests must be >= 0")
+    if "bench_requests" in kept and kept["bench_requests"] < 1:
+        raise CliError(f"--bench-requests {kept['bench_requests']}: must be >= 1 (leave the flag out to serve "
+                       "HTTP)")
+    _check_model(kept)
     _check_bench_kwargs(kept.get("bench_kwargs", "{}"))
 
 
@@ -234,6 +258,18 @@ def _check_scheduler(kept: dict[str, Any]) -> None:
                  "deadline_codec_ms", "deadline_prefill_ms"):
         if dest in kept and not kept[dest] >= 0:
             raise CliError(f"--{dest.replace('_', '-')} must be >= 0")
+
+
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def _check_model(kept: dict[str, Any]) -> None:
+    if "model" in kept and (problem := model_name_problem(kept["model"])) is not None:
+        raise CliError(problem)
+    device = kept.get("device", "auto")
+    if not DEVICE_PATTERN.fullmatch(device):
+        hint = " (a GPU is --device cuda or cuda:N)" if device.lower().startswith("gpu") else ""
+        raise CliError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N{hint}")
 
 
 def _check_bench_kwargs(text: str) -> None:
@@ -253,13 +289,21 @@ def _check_server_values(kept: dict[str, Any]) -> None:
         raise CliError("--bench-requests runs one replica; drop --dp-size")
     if dp_size > 1 and kept.get("device", "auto").startswith("cuda:"):
         raise CliError(f"--device {kept['device']} names one GPU; --dp-size {dp_size} uses GPUs 0..{dp_size - 1}")
-    for dest in ("request_timeout_s", "max_upload_mb"):
+    for dest in ("request_timeout_s", "max_upload_mb", "header_timeout_s", "body_timeout_s",
+                 "session_idle_timeout_s"):
         if dest in kept and not kept[dest] > 0:
             raise CliError(f"--{dest.replace('_', '-')} must be > 0")
     if kept.get("max_input_chars", 1) < 1:
         raise CliError("--max-input-chars must be >= 1")
     if kept.get("max_queued_requests", 0) < 0:
         raise CliError("--max-queued-requests must be >= 0")
+    for dest in ("max_connections", "max_sessions"):
+        if kept.get(dest) is not None and kept[dest] < 1:
+            raise CliError(f"--{dest.replace('_', '-')} must be >= 1")
+    if "port" in kept and not 1 <= kept["port"] <= 65535:
+        raise CliError(f"--port {kept['port']}: must be 1 to 65535")
+    if kept.get("api_key") is not None and not kept["api_key"].strip():
+        raise CliError("--api-key must not be empty")
 
 
 def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
@@ -282,8 +326,16 @@ def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
         ),
         engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"], v["enable_nvtx"]),
         bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"]),
-        server=ServerConfig(v["host"], v["port"], v["dp_size"], v["request_timeout_s"], v["max_upload_mb"],
-                            data_dir=v["data_dir"], max_input_chars=v["max_input_chars"]),
+        server=ServerConfig(
+            host=v["host"], port=v["port"], dp_size=v["dp_size"], request_timeout_s=v["request_timeout_s"],
+            max_upload_mb=v["max_upload_mb"], header_timeout_s=v["header_timeout_s"],
+            body_timeout_s=v["body_timeout_s"], max_connections=v["max_connections"],
+            api_key=v["api_key"] or os.environ.get(API_KEY_ENV) or None,
+            allowed_origins=tuple(o.strip() for o in (v["allowed_origins"] or "").split(",") if o.strip()),
+            max_sessions=v["max_sessions"] or v["max_batch_size"],
+            session_idle_timeout_s=v["session_idle_timeout_s"], data_dir=v["data_dir"],
+            max_input_chars=v["max_input_chars"],
+        ),
     )
 
 

@@ -86,6 +86,16 @@ class ServerConfig:
     max_upload_mb: float = 10.0  # largest reference-audio upload
     data_dir: str | None = None  # saved voices live here (None: no saved voices)
     max_input_chars: int = 100_000  # longest text of one speech request, split into segments that fit the model
+    header_timeout_s: float = 10.0  # a connection must send a request's headers within this
+    body_timeout_s: float = 60.0  # ... and its whole body within this
+    max_connections: int = 1024  # open HTTP connections (and requests) before new ones get 503
+    api_key: str | None = None  # a bearer token every route but /health requires; never sent to replicas
+    allowed_origins: tuple[str, ...] = ()  # CORS: browser origins allowed to call the API (none: CORS off)
+    max_sessions: int = 64  # open input-streaming sessions per replica (the CLI's default: --max-batch-size)
+    session_idle_timeout_s: float = 30.0  # a session without new text (or, unread, without a reader) ends
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allowed_origins", tuple(self.allowed_origins))  # a list after JSON
 
 
 @dataclass(frozen=True)

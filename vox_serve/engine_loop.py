@@ -136,9 +136,13 @@ class EngineLoop:
             self.scheduler.abort(self.scheduler.waiting[0].req_id, "stalled: the KV cache cannot hold this request")
         return 0.001
 
-    def run_until_idle(self, sleep: Callable[[float], None] = time.sleep) -> None:
-        """Step until no request is left (bench mode, tests and the simulator)."""
+    def run_until_idle(self, sleep: Callable[[float], None] = time.sleep,
+                       on_poll: Callable[[], None] | None = None) -> None:
+        """Step until no request is left (bench mode, tests and the simulator); `on_poll` runs after
+        every poll (bench mode's progress display)."""
         while (wait := self.poll()) is not None:
+            if on_poll is not None:
+                on_poll()
             if wait > 0:
                 sleep(wait)
         if self.tracer is not None:

@@ -6,7 +6,11 @@ import argparse
 import importlib
 import sys
 
+from vox_serve import __version__
 from vox_serve.cli import PY, RS, CliError, build_config, build_parser, check_flags, given_flags, warn
+
+RUST_NEXT_STEP = ("To build it, install a Rust toolchain (cargo) and the CUDA 12 toolkit (nvcc, found through "
+                  "CUDA_HOME), then run `pip install -e .` again; or serve now with --runtime python")
 
 
 def rust_unavailable_reason() -> str | None:
@@ -37,7 +41,7 @@ def select_runtime(requested: str) -> tuple[str, str | None]:
     reason = rust_unavailable_reason()
     if requested == RS:
         if reason is not None:
-            raise CliError(f"--runtime rust: {reason}")
+            raise CliError(f"--runtime rust: {reason}. {RUST_NEXT_STEP}")
         return RS, None
     if reason is not None:
         return PY, f"serving with the Python runtime: {reason}"
@@ -46,6 +50,9 @@ def select_runtime(requested: str) -> tuple[str, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--version" in argv:
+        print(f"vox-serve {__version__}")
+        return 0
     if argv[:1] == ["say"]:  # a client of a running server, not a server
         from vox_serve.client.say import main as say
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,16 @@ AUDIO = "audio"  # reference audio: the uploaded file's bytes
 _ALIASES = {"speaker": "voice"}
 
 
+# Characters that show nothing when spoken or printed: ASCII and Latin-1 controls and spaces, the soft
+# hyphen, Unicode spaces, zero-width and direction marks, word joiners, variation selectors and the BOM.
+# Written with regex escapes (\x.., \u....) only, so that this one pattern means the same in Python and in the OpenAPI
+# document (ECMA-262): a text must contain at least one character outside this class.
+INVISIBLE_CHARS = ("\\x00-\\x20\\x7f-\\xa0\\xad\\u034f\\u061c\\u115f\\u1160\\u1680\\u17b4\\u17b5\\u180b-\\u180f"
+                   "\\u2000-\\u200f\\u2028-\\u202f\\u205f-\\u206f\\u3000\\u3164\\ufe00-\\ufe0f\\ufeff\\uffa0\\ufff0-\\ufffb")
+VISIBLE_PATTERN = f"[^{INVISIBLE_CHARS}]"
+_VISIBLE = re.compile(VISIBLE_PATTERN)
+
+
 class FieldError(ValueError):
     """A request field the model cannot take; `field` names it."""
 
@@ -25,36 +36,69 @@ class FieldError(ValueError):
         self.field = field
 
 
+def has_visible(text: str) -> bool:
+    """Whether `text` has a character that is not whitespace, a control or an invisible format mark."""
+    return _VISIBLE.search(text) is not None
+
+
+def check_encodable(key: str, value: str) -> None:
+    """A string must be valid Unicode: a lone surrogate (JSON `"\\ud800"`) cannot be encoded or spoken."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise FieldError(key, f"contains a lone surrogate ({value[exc.start]!r} at character {exc.start}); "
+                              "send valid Unicode text") from None
+
+
 def normalise_fields(meta: ProgramMeta, fields: dict[str, Any], require_text: bool = True) -> dict[str, Any]:
     """Apply aliases, reject unknown fields and check types; returns a new dict.
 
     `require_text=False` checks everything but the text (an input-streaming session's text arrives later).
     """
     out: dict[str, Any] = {}
+    for alias, target in _ALIASES.items():
+        if alias in fields and target in fields:
+            raise FieldError(alias, f"`{alias}` is an alias of `{target}`; send one of them, not both")
     for key, value in fields.items():
         key = _ALIASES.get(key, key)
         if key not in meta.accepted_fields:
             raise FieldError(key, f"not accepted by model {meta.name} (accepted: {', '.join(meta.accepted_fields)})")
-        if value is None:
-            continue
-        if key in _NUMERIC:
-            value = _number(key, value, _NUMERIC[key])
-        elif key in _BOOL and not isinstance(value, bool):
-            raise FieldError(key, "must be a boolean")
-        elif key == AUDIO:
-            if not isinstance(value, bytes | bytearray) or not value:
-                raise FieldError(key, "must be a non-empty audio file upload")
-        elif key not in _NUMERIC and key not in _BOOL and not isinstance(value, str):
-            raise FieldError(key, "must be a string")
-        out[key] = value
+        out[key] = _field_value(key, value)
     text = out.get("text")
     if text is None and not require_text:
         return out
-    if not isinstance(text, str) or not text.strip():
+    check_text(meta, text)
+    return out
+
+
+def _field_value(key: str, value: Any) -> Any:
+    if value is None:  # refused rather than read as "absent": the schema gives every field one type
+        raise FieldError(key, "must not be null; leave the field out to get its default")
+    if key in _NUMERIC:
+        return _number(key, value, _NUMERIC[key])
+    if key in _BOOL:
+        if not isinstance(value, bool):
+            raise FieldError(key, "must be a boolean")
+    elif key == AUDIO:
+        if not isinstance(value, bytes | bytearray) or not value:
+            raise FieldError(key, "must be a non-empty audio file upload")
+    elif not isinstance(value, str):
+        raise FieldError(key, "must be a string")
+    else:
+        check_encodable(key, value)
+    return value
+
+
+def check_text(meta: ProgramMeta, text: Any) -> None:
+    """The whole text of a request: a string with something visible in it, at most max_text_chars."""
+    if not isinstance(text, str) or not text:
         raise FieldError("text", "is required and must not be empty")
+    check_encodable("text", text)
+    if not has_visible(text):
+        raise FieldError("text", "has no visible character (only whitespace, control or invisible format "
+                                 "characters)")
     if len(text) > meta.max_text_chars:
         raise FieldError("text", f"is {len(text)} characters; the limit is {meta.max_text_chars}")
-    return out
 
 
 def _number(key: str, value: Any, kind: type) -> Any:
@@ -85,6 +129,15 @@ def sampling_params(meta: ProgramMeta, fields: dict[str, Any], greedy: bool, see
 Preprocess = Callable[[dict[str, Any]], Prompt]
 
 
+def as_field_error(exc: ValueError, fields: dict[str, Any]) -> FieldError:
+    """A prompt builder's ValueError as a FieldError: builders name the field first ("voice 'x' is not
+    one of ..."); a message naming no field of the request is about its text."""
+    if isinstance(exc, FieldError):
+        return exc
+    first = str(exc).split(" ", 1)[0].rstrip(":")
+    return FieldError(first if first in fields else "text", str(exc))
+
+
 def request_fields(meta: ProgramMeta, fields: dict[str, Any], greedy: bool, seed: int
                    ) -> tuple[dict[str, Any], SamplingParams]:
     """The normalised fields and the sampling parameters of a request (FieldError for a bad field)."""
@@ -96,11 +149,8 @@ def make_prompt(preprocess: Preprocess, clean: dict[str, Any]) -> Prompt:
     """The program's prompt for validated fields; its ValueErrors become FieldErrors naming the field."""
     try:
         return preprocess(clean)
-    except FieldError:
-        raise
-    except ValueError as exc:  # prompt builders name the field first: "voice 'x' is not one of ..."
-        first = str(exc).split(" ", 1)[0].rstrip(":")
-        raise FieldError(first if first in clean else "text", str(exc)) from exc
+    except ValueError as exc:
+        raise as_field_error(exc, clean) from exc
 
 
 def new_request(req_id: str, prompt: Prompt, clean: dict[str, Any], sampling: SamplingParams) -> Request:

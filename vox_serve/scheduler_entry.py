@@ -79,6 +79,7 @@ class SchedulerService:
         self.stage_stats = StageStats()  # step time by stage, for /metrics: the loop's worker reports it
         loop.worker = TimedWorker(loop.worker, self.stage_stats)
         self.greedy = config.bench.greedy
+        self.max_sessions = config.server.max_sessions
         self.replica, self.incarnation = replica, incarnation
         self.sessions: dict[str, InputSession] = {}
         self.num_finished = self.num_aborted = self.num_failed = 0
@@ -131,9 +132,10 @@ class SchedulerService:
             self._reply_failed(msg.req_id, ipc.ErrorCode.UNSUPPORTED,
                                f"model {self.meta.name} does not support input streaming")
             return
-        if len(self.sessions) >= self.scheduler.config.max_queued_requests:  # sessions wait for their text
+        if len(self.sessions) >= self.max_sessions:  # sessions wait for their text
             self._reply_failed(msg.req_id, ipc.ErrorCode.QUEUE_FULL,
-                               f"the replica is at capacity: {len(self.sessions)} sessions are open")
+                               f"the replica is at capacity: {len(self.sessions)} sessions are open "
+                               f"(--max-sessions {self.max_sessions})")
             return
         if self.streamer is not None:
             try:
@@ -444,16 +446,6 @@ def replica_config(config: VoxConfig, replica: int) -> VoxConfig:
     return replace(config, model=replace(config.model, device=device))
 
 
-def _share_cpu(config: VoxConfig) -> None:
-    """CPU replicas split the cores (unless OMP_NUM_THREADS says otherwise): oversubscribed
-    intra-op threads make every replica many times slower."""
-    if config.model.device != "cpu" or "OMP_NUM_THREADS" in os.environ:
-        return
-    import torch
-
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.server.dp_size))
-
-
 def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="one vox-serve scheduler process (started by the API)")
     parser.add_argument("--config", required=True, help="VoxConfig as JSON")
@@ -473,8 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     conn = Connection(args.bind, args.api)
     try:
         config = replica_config(VoxConfig.from_dict(json.loads(args.config)), args.replica)
-        _share_cpu(config)
-        from vox_serve.bench import build_loop
+        from vox_serve.bench import build_loop, set_cpu_threads
+
+        set_cpu_threads(config)
 
         loop, program = build_loop(config, time_stages=True)
     except Exception as exc:

@@ -13,12 +13,14 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from starlette.types import ASGIApp
 
 from vox_serve import __version__
 from vox_serve.api import generate, metrics, openai_speech, playground, sessions, system, voices, ws
 from vox_serve.api.errors import EXCEPTION_HANDLERS
 from vox_serve.api.replicas import ReplicaManager
-from vox_serve.api.schemas import request_schema
+from vox_serve.api.schemas import AUDIO_FIELD, error_responses_doc, request_schema
+from vox_serve.api.security import OPEN_PATHS, SECURITY_SCHEME, secure
 from vox_serve.api.voices_store import VoiceStore
 from vox_serve.config import VoxConfig
 
@@ -51,14 +53,21 @@ def create_app(config: VoxConfig, manager: ReplicaManager | None = None) -> Fast
     return app
 
 
+def create_asgi_app(config: VoxConfig, manager: ReplicaManager | None = None) -> ASGIApp:
+    """The served application: the FastAPI app behind the API key check and CORS (security.py)."""
+    return secure(create_app(config, manager), config.server)
+
+
 def _generate_body(manager: ReplicaManager, text_required: bool) -> dict[str, Any]:
     meta = manager.meta
     content = {
         "application/json": {"schema": request_schema(meta, "json", text_required)},
         "multipart/form-data": {"schema": request_schema(meta, "multipart", text_required)},
-        "application/x-www-form-urlencoded": {"schema": request_schema(meta, "urlencoded", text_required)},
     }
-    return {"required": text_required, "content": content}
+    needs_audio = meta is not None and AUDIO_FIELD in request_schema(meta, "json").get("required", [])
+    if not needs_audio:  # an urlencoded form cannot carry a file: no way to call a model that needs audio
+        content["application/x-www-form-urlencoded"] = {"schema": request_schema(meta, "urlencoded", text_required)}
+    return {"required": text_required or needs_audio, "content": content}
 
 
 def _text_body() -> dict[str, Any]:
@@ -81,6 +90,20 @@ def _openapi(app: FastAPI, manager: ReplicaManager) -> dict[str, Any]:
     }
     for path, body in bodies.items():
         schema["paths"][path]["post"]["requestBody"] = body
+    if manager.meta is not None and not manager.meta.supports_input_streaming:  # its routes only answer 400
+        schema["paths"] = {p: ops for p, ops in schema["paths"].items() if not p.startswith(sessions.router.prefix)}
+    if manager.config.server.api_key:
+        _document_auth(schema)
     if manager.meta is not None:  # the model's fields are known from now on
         app.openapi_schema = schema
     return schema
+
+
+def _document_auth(schema: dict[str, Any]) -> None:
+    schema.setdefault("components", {})["securitySchemes"] = {"bearer": SECURITY_SCHEME}
+    for path, operations in schema["paths"].items():
+        if path in OPEN_PATHS:
+            continue
+        for operation in operations.values():
+            operation["security"] = [{"bearer": []}]
+            operation["responses"].setdefault("401", error_responses_doc(401))

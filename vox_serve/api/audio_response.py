@@ -9,6 +9,7 @@ which HTTP clients report as an error; the server log says why.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable
 
@@ -22,6 +23,17 @@ from vox_serve.api.replicas import ReplicaManager, RequestHandle
 from vox_serve.audio import wav_bytes, wav_header
 
 log = logging.getLogger("vox_serve.api")
+# Set in the task that serves a request whose stream is cut on purpose (a failure after the first audio):
+# uvicorn then logs an incomplete response as an error in the same task, which StreamCutFilter drops.
+STREAM_CUT: contextvars.ContextVar[bool] = contextvars.ContextVar("vox_serve_stream_cut", default=False)
+INCOMPLETE_RESPONSE = "ASGI callable returned without completing response"
+
+
+class StreamCutFilter(logging.Filter):
+    """Drops uvicorn's error for a stream vox-serve cut on purpose (already logged with its reason)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (STREAM_CUT.get() and record.getMessage().startswith(INCOMPLETE_RESPONSE))
 
 
 class AudioResponse(Response):
@@ -48,7 +60,7 @@ class AudioResponse(Response):
 
     async def _next_audio_event(self) -> ipc.Audio | ipc.Finished | ipc.Failed:
         while True:
-            event = await self.handle.events.get()
+            event = await self.handle.get()
             if not isinstance(event, ipc.Started):
                 return event
 
@@ -65,6 +77,7 @@ class AudioResponse(Response):
             event = await self._next_audio_event()
         if isinstance(event, ipc.Failed):
             log.warning("request %s failed mid-stream (%s): %s", self.handle.req_id, event.code, event.message)
+            STREAM_CUT.set(True)  # the server's "returned without completing response" error is this, logged
             return  # no final chunk: the client sees an incomplete body
         await send({"type": "http.response.body", "body": header, "more_body": False})
 

@@ -10,17 +10,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import io
 import json
+import math
+import re
+from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartException
+import anyio
+from starlette.datastructures import FormData, UploadFile
+from starlette.formparsers import FormParser, MultiPartException, MultiPartParser, parse_options_header
 from starlette.requests import Request
 from starlette.types import Message, Receive
 
 from vox_serve.api.errors import ApiError
 from vox_serve.api.schemas import AUDIO_FIELD, REQUEST_FIELDS
+from vox_serve.audio_upload import AudioError, audio_seconds
 from vox_serve.core.meta import ProgramMeta
 from vox_serve.request_builder import FieldError, normalise_fields, sampling_params
 
@@ -28,7 +32,12 @@ FORM_OVERHEAD_BYTES = 1 << 20  # room for the text fields and multipart framing 
 DISCARD_LIMIT_BYTES = 64 << 20  # past this a refused body is cut off, not read
 JSON_TYPES = ("application/json",)
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
-_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+_BOOLEANS = {"true": True, "false": False}  # as JSON writes them: "1", "on" or "yes" is not taken for true
+MAX_FORM_FIELDS = 64
+DEFAULT_MAX_AUDIO_SECONDS = 600.0  # for a model taking audio that states no limit of its own
+MAX_NUMBER_CHARS = 40  # a form number longer than this is no sampling value (and int() of 5000 digits raises)
+_FORM_INTEGER = re.compile(r"[+-]?[0-9]+")
+_FORM_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 class BodyTooLarge(Exception):
@@ -66,8 +75,10 @@ def _too_large(field: str, max_upload_bytes: int) -> ApiError:
                     field, "too_large")
 
 
-async def read_fields(request: Request, max_upload_bytes: int) -> tuple[dict[str, Any], bytes | None]:
-    """The body's fields (form values converted to their types) and the uploaded audio, if any."""
+async def read_fields(request: Request, max_upload_bytes: int,
+                      body_timeout_s: float) -> tuple[dict[str, Any], bytes | None]:
+    """The body's fields (form values converted to their types) and the uploaded audio, if any. The
+    whole body must arrive within body_timeout_s (408 after that)."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if not media and request.headers.get("content-length", "0") == "0" and "transfer-encoding" not in request.headers:
         return {}, None  # no body at all: no fields
@@ -83,23 +94,56 @@ async def read_fields(request: Request, max_upload_bytes: int) -> tuple[dict[str
         raise too_large
     limited = Request(request.scope, _limited(request.receive, limit))
     try:
-        if media in JSON_TYPES:
-            fields, audio = _json_fields(await limited.body())
-        else:
-            fields, audio = await _form_fields(limited)
+        with anyio.fail_after(body_timeout_s):
+            if media in JSON_TYPES:
+                fields, audio = json_fields(await limited.body())
+            else:
+                fields, audio = await _form_fields(limited, media)
     except BodyTooLarge:
         await _discard_body(request.receive)
         raise too_large from None
+    except TimeoutError:
+        raise body_timeout(body_timeout_s) from None
     if audio is not None and len(audio) > max_upload_bytes:
         raise _too_large(AUDIO_FIELD, max_upload_bytes)
     return fields, audio
 
 
-def _json_fields(body: bytes) -> tuple[dict[str, Any], bytes | None]:
+def body_timeout(body_timeout_s: float) -> ApiError:
+    return ApiError(408, f"body: not received within --body-timeout-s ({body_timeout_s:g} s)", "body", "timeout")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise FieldError(key, "is given more than once")
+        out[key] = value
+    return out
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def json_fields(body: bytes) -> tuple[dict[str, Any], bytes | None]:
+    """A JSON body's object and its base64 `audio`, if any; 400 naming `body` for what is not a JSON
+    object (bad syntax or UTF-8, NaN, nesting too deep, an integer of thousands of digits)."""
     try:
-        fields = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"body: not valid JSON ({exc})", "body") from exc
+        fields = json.loads(body, object_pairs_hook=_unique_keys, parse_float=_finite, parse_constant=_no_constant)
+    except FieldError:
+        raise
+    except RecursionError:
+        raise ApiError(400, "body: not valid JSON (nested too deeply)", "body") from None
+    except ValueError as exc:  # bad syntax or UTF-8, NaN, an integer of more than 4300 digits
+        raise ApiError(400, f"body: not valid JSON ({str(exc)[:200]})", "body") from None
     if not isinstance(fields, dict):
         raise ApiError(400, "body: must be a JSON object of request fields", "body")
     audio = fields.pop(AUDIO_FIELD, None)
@@ -113,11 +157,43 @@ def _json_fields(body: bytes) -> tuple[dict[str, Any], bytes | None]:
         raise FieldError(AUDIO_FIELD, f"is not valid base64 ({exc})") from exc
 
 
-async def _form_fields(request: Request) -> tuple[dict[str, Any], bytes | None]:
+def _malformed(why: str) -> ApiError:
+    return ApiError(400, f"body: malformed form data ({why})", "body")
+
+
+async def _watch_closing(stream: AsyncIterator[bytes], delimiter: bytes, seen: list[bool]) -> AsyncIterator[bytes]:
+    """The chunks of `stream`; sets seen[0] once the multipart closing delimiter has passed. The form
+    parser reads a body cut off before it as if it were complete, losing the part it was in."""
+    tail = b""
+    async for chunk in stream:
+        window = tail + chunk
+        if delimiter in window:
+            seen[0] = True
+        tail = window[-len(delimiter):]
+        yield chunk
+
+
+async def _parse_form(request: Request, media: str) -> FormData:
+    if media == "application/x-www-form-urlencoded":
+        return await FormParser(request.headers, request.stream(), max_fields=MAX_FORM_FIELDS).parse()
+    _, params = parse_options_header(request.headers["content-type"])
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise _malformed("the content-type header has no boundary")
+    seen = [False]
+    stream = _watch_closing(request.stream(), b"--" + boundary + b"--", seen)
+    form = await MultiPartParser(request.headers, stream, max_files=1, max_fields=MAX_FORM_FIELDS).parse()
+    if not seen[0]:
+        await form.close()
+        raise _malformed("the body ends before its closing boundary; it was cut off")
+    return form
+
+
+async def _form_fields(request: Request, media: str) -> tuple[dict[str, Any], bytes | None]:
     try:
-        form = await request.form(max_files=1, max_fields=64)
+        form = await _parse_form(request, media)
     except MultiPartException as exc:
-        raise ApiError(400, f"body: malformed form data ({exc.message})", "body") from exc
+        raise _malformed(exc.message.rstrip(".")) from exc
     try:
         fields: dict[str, Any] = {}
         audio = None
@@ -138,39 +214,55 @@ async def _form_fields(request: Request) -> tuple[dict[str, Any], bytes | None]:
 
 
 def _form_value(key: str, value: str) -> Any:
-    """A form string as the field's documented type; fields of other types stay strings."""
+    """A form string as the field's documented type, written as JSON would write it (no spaces, no
+    digit separators); fields of other types stay strings."""
     doc = REQUEST_FIELDS.get(key)
     kind = doc.kind if doc is not None else "string"
     if kind == "boolean":
-        if value.strip().lower() in _TRUE:
-            return True
-        if value.strip().lower() in _FALSE:
-            return False
-        raise FieldError(key, f"must be a boolean (true or false), got {value!r}")
+        if value not in _BOOLEANS:
+            raise FieldError(key, f"must be a boolean (true or false), got {value[:40]!r}")
+        return _BOOLEANS[value]
     if kind in ("integer", "number"):
-        try:
-            return int(value)
-        except ValueError:
-            pass
-        try:
-            return float(value)
-        except ValueError:
-            raise FieldError(key, f"must be a number, got {value!r}") from None
+        if len(value) > MAX_NUMBER_CHARS or not _FORM_NUMBER.fullmatch(value):
+            raise FieldError(key, f"must be a number such as 7, -2 or 0.5e-3, got {value[:40]!r}")
+        return int(value) if _FORM_INTEGER.fullmatch(value) else _finite_field(key, value)
     return value
 
 
+def _finite_field(key: str, value: str) -> float:
+    number = float(value)
+    if not math.isfinite(number):
+        raise FieldError(key, f"is out of range: {value[:40]}")
+    return number
+
+
 def validate_fields(meta: ProgramMeta, fields: dict[str, Any], require_text: bool = True) -> dict[str, Any]:
-    """The normalised fields (aliases applied); FieldError for anything the model cannot take."""
+    """The normalised fields (aliases applied); FieldError for anything the model cannot take: names,
+    types, ranges, and the voice, language and instruction against what the model has."""
     clean = normalise_fields(meta, fields, require_text)
     for key, value in clean.items():
         if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
             raise FieldError(key, "must fit in a signed 64-bit integer")
     sampling_params(meta, clean, greedy=False, seed=0)  # the ranges of the values as sent (--greedy aside)
+    _check_choice("voice", clean.get("voice"), meta.voices, f"model {meta.name} has no named voices")
+    _check_choice("language", clean.get("language"), meta.languages, f"model {meta.name} takes no language")
+    if clean.get("instruct") and not meta.extra.get("takes_instruct", True):
+        raise FieldError("instruct", f"model {meta.name} does not take instructions")
     return clean
 
 
+def _check_choice(key: str, value: str | None, choices: tuple[str, ...], none_message: str) -> None:
+    """A voice or language must be one the model lists (GET /info), written as listed."""
+    if value is None:
+        return
+    if not choices:
+        raise FieldError(key, none_message)
+    if value not in choices:
+        raise FieldError(key, f"{value[:60]!r} is not one of {', '.join(choices)}")
+
+
 def validate_session_fields(meta: ProgramMeta, fields: dict[str, Any]) -> dict[str, Any]:
-    """Fields of an input-streaming session, whose text comes later."""
+    """Fields of an input-streaming session, whose text comes later: checked as POST /generate checks them."""
     if fields.get("streaming") is False:
         raise FieldError("streaming", "an input-streaming session always streams its audio")
     if "text" in fields:
@@ -179,23 +271,19 @@ def validate_session_fields(meta: ProgramMeta, fields: dict[str, Any]) -> dict[s
 
 
 async def check_audio(meta: ProgramMeta, audio: bytes | None) -> None:
-    """An upload must be decodable audio that the model takes (FieldError naming `audio` if not)."""
+    """An upload must be audio that the model takes, of a length it takes (FieldError naming `audio` if
+    not). The model is asked first; the file is then decoded block by block, at most to the model's limit,
+    and nothing decoded is kept."""
     if audio is None:
         return
-    if not audio:
-        raise FieldError(AUDIO_FIELD, "is empty")
-    await asyncio.to_thread(_decode_audio, audio)
     if AUDIO_FIELD not in meta.accepted_fields:
         raise FieldError(AUDIO_FIELD, f"not accepted by model {meta.name}: it takes no reference audio")
-
-
-def _decode_audio(audio: bytes) -> None:
-    import soundfile  # only uploads need libsndfile: a server without it still starts and serves text
-
+    if not audio:
+        raise FieldError(AUDIO_FIELD, "is empty")
+    min_s, max_s = meta.extra.get("reference_audio_seconds", (0.0, DEFAULT_MAX_AUDIO_SECONDS))
     try:
-        samples, _ = soundfile.read(io.BytesIO(audio), dtype="int16", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        why = getattr(exc, "error_string", None) or str(exc)
-        raise FieldError(AUDIO_FIELD, f"is not decodable audio ({why.strip().rstrip('.')})") from exc
-    if len(samples) == 0:
-        raise FieldError(AUDIO_FIELD, "holds no audio samples")
+        seconds = await asyncio.to_thread(audio_seconds, audio, max_s)
+    except AudioError as exc:
+        raise FieldError(AUDIO_FIELD, str(exc)) from None
+    if seconds == 0 or seconds < min_s:
+        raise FieldError(AUDIO_FIELD, f"is {seconds:.3f} s long; the model takes {min_s:g} to {max_s:g} s")

@@ -33,13 +33,13 @@ def max_upload_bytes(config: VoxConfig) -> int:
 
 
 @router.post("/generate", summary="Synthesize speech", response_class=Response,
-             responses={200: WAV_RESPONSE, **error_responses(400, 413, 415, 422, 500, 503, 504)})
+             responses={200: WAV_RESPONSE, **error_responses(400, 408, 413, 415, 422, 500, 503, 504)})
 async def generate(request: Request) -> Response:
     """Speak `text`. Send the fields as a JSON object, or as multipart form data (with an optional
     `audio` file for models that take reference audio). Fields a model does not take are refused."""
     manager, config = context(request)
     meta = manager.require_meta()
-    fields, audio = await read_fields(request, max_upload_bytes(config))
+    fields, audio = await read_fields(request, max_upload_bytes(config), config.server.body_timeout_s)
     voice_prompt = take_saved_voice(meta, request.app.state.voices, fields)
     await check_upload(meta, audio, voice_prompt)
     clean = validate_fields(meta, fields)

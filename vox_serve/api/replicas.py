@@ -16,6 +16,7 @@ import enum
 import itertools
 import json
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -24,7 +25,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import zmq
@@ -38,8 +39,13 @@ from vox_serve.core.meta import EngineLimits, ProgramMeta
 log = logging.getLogger("vox_serve.api")
 
 MONITOR_INTERVAL_S = 0.1
-HEARTBEAT_TIMEOUT_S = 30.0  # a ready replica silent this long is killed and restarted
+# A replica reports every STATS_INTERVAL_S (0.2 s; scheduler_entry.py). One silent for STALE_AFTER_S
+# (five reports) is not ready: /health says so and new requests go elsewhere. One silent for
+# HEARTBEAT_TIMEOUT_S is killed, which fails its requests (503 replica_died) and restarts it.
+STALE_AFTER_S = 1.0
+HEARTBEAT_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
+MAX_UNREAD_AUDIO_BYTES = 4 << 20  # audio a session may hold for a reader that has not come yet
 MAX_RESTART_DELAY_S = 30.0
 
 
@@ -69,6 +75,10 @@ class Replica:
     restart_at: float = 0.0
     fatal: str | None = None  # what the process said before it exited
 
+    def is_stale(self, now: float) -> bool:
+        """Ready, but silent for longer than a few heartbeats (frozen, or stuck in one long step)."""
+        return self.state is ReplicaState.READY and now - self.last_seen > STALE_AFTER_S
+
     def load(self) -> tuple[int, float, int]:
         """Sort key, least loaded first: requests in flight, then KV pages in use, then traffic so far."""
         pages = self.stats.pools.get("kv_pages") if self.stats is not None else None
@@ -90,6 +100,25 @@ class RequestHandle:
         self.opened = time.monotonic()
         self.prompt_len = 0  # from the replica's Started
         self.counted = True  # a speech request (metrics count it); False for a voice encoding
+        self.num_buffered_bytes = 0  # PCM received and not yet taken by a reader
+
+    def put(self, event: Any) -> None:
+        if isinstance(event, ipc.Audio):
+            self.num_buffered_bytes += len(event.pcm)
+        self.events.put_nowait(event)
+
+    def drop_audio(self) -> None:
+        """Forget the audio nobody read (a session that is being ended)."""
+        kept = [e for e in _drain(self.events) if not isinstance(e, ipc.Audio)]
+        self.num_buffered_bytes = 0
+        for event in kept:
+            self.events.put_nowait(event)
+
+    async def get(self) -> Any:
+        event = await self.events.get()
+        if isinstance(event, ipc.Audio):
+            self.num_buffered_bytes -= len(event.pcm)
+        return event
 
 
 @dataclass
@@ -97,10 +126,15 @@ class Session:
     """An input-streaming session: text arrives in pieces, audio is read from one stream."""
 
     handle: RequestHandle
+    last_activity: float  # monotonic time of its start, last text, end or reader
     num_chars: int = 0
-    blank: bool = True  # no text but whitespace so far
+    visible: bool = False  # some text so far has a visible character
     ended: bool = False
     claimed: bool = False  # its audio stream has been requested
+
+    def is_idle(self, now: float, idle_timeout_s: float) -> bool:
+        """Waiting for text, or (ended) for its reader, for longer than idle_timeout_s."""
+        return not (self.ended and self.claimed) and now - self.last_activity > idle_timeout_s
 
 
 class ReplicaManager:
@@ -122,8 +156,9 @@ class ReplicaManager:
 
     # ---- life cycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        self._dir = tempfile.mkdtemp(prefix="vox-serve-")
-        self._api_address = f"ipc://{self._dir}/api"
+        self._address_prefix = _socket_prefix()
+        self._dir = "" if self._address_prefix.startswith("ipc://@") else self._address_prefix[len("ipc://"):]
+        self._api_address = f"{self._address_prefix}/api"
         self._actx = zmq.asyncio.Context()
         self._ctx = zmq.Context()
         self._pull = self._actx.socket(zmq.PULL)
@@ -153,12 +188,15 @@ class ReplicaManager:
         self._pull.close(linger=0)
         self._actx.term()
         self._ctx.term()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def _spawn(self, replica: Replica) -> None:
         replica.incarnation += 1
-        address = f"ipc://{self._dir}/replica-{replica.index}-{replica.incarnation}"
-        cmd = [sys.executable, "-m", "vox_serve.scheduler_entry", "--config", json.dumps(self.config.to_dict()),
+        address = f"{self._address_prefix}/replica-{replica.index}-{replica.incarnation}"
+        # The API key stays in this process: a command line is visible to every user of the machine.
+        config = replace(self.config, server=replace(self.config.server, api_key=None))
+        cmd = [sys.executable, "-m", "vox_serve.scheduler_entry", "--config", json.dumps(config.to_dict()),
                "--replica", str(replica.index), "--incarnation", str(replica.incarnation),
                "--bind", address, "--api", self._api_address]
         replica.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
@@ -187,6 +225,11 @@ class ReplicaManager:
             await asyncio.sleep(MONITOR_INTERVAL_S)
 
     def _watch(self, replica: Replica, now: float) -> None:
+        if replica.is_stale(now) and replica.reason is None:
+            replica.reason = f"no heartbeat for {now - replica.last_seen:.1f}s (frozen or stuck in a step)"
+            log.warning("replica %d: %s", replica.index, replica.reason)
+        elif not replica.is_stale(now) and replica.state is ReplicaState.READY:
+            replica.reason = None
         if replica.proc is not None and replica.proc.poll() is not None:
             self._on_exit(replica, replica.proc.returncode, now)
         elif replica.state is ReplicaState.READY and now - replica.last_seen > HEARTBEAT_TIMEOUT_S:
@@ -224,9 +267,24 @@ class ReplicaManager:
             if now > handle.deadline:
                 self._send_to(handle, ipc.Abort(handle.req_id, "timed out"))
                 self._fail(handle, ipc.ErrorCode.TIMEOUT, f"the request ran past --request-timeout-s ({timeout:g}s)")
+        idle_s = self.config.server.session_idle_timeout_s
         for session_id, session in list(self.sessions.items()):
-            if now > session.handle.deadline:
-                del self.sessions[session_id]
+            if not session.is_idle(now, idle_s):
+                continue
+            if session.handle.done and not session.claimed:
+                del self.sessions[session_id]  # over, and unread for a whole idle period: drop its audio
+            elif not session.handle.done:
+                what = "its audio to be read" if session.ended else "more text"
+                self._end_session(session, f"the session waited for {what} longer than "
+                                           f"--session-idle-timeout-s ({idle_s:g}s)", now)
+
+    def _end_session(self, session: Session, why: str, now: float) -> None:
+        """Abort a session nobody drives any more. Its audio is dropped; a reader that comes within
+        another idle period gets the reason (504), then the session is gone."""
+        self._send_to(session.handle, ipc.Abort(session.handle.req_id, why))
+        session.handle.drop_audio()
+        self._fail(session.handle, ipc.ErrorCode.TIMEOUT, why)
+        session.last_activity = now
 
     # ---- messages from the replicas ------------------------------------------------------
     async def _read_loop(self) -> None:
@@ -244,9 +302,11 @@ class ReplicaManager:
             handle = self.handles.get(msg.req_id)
             if handle is not None:
                 self.on_event(handle, msg)
-                handle.events.put_nowait(msg)
+                handle.put(msg)
                 if isinstance(msg, ipc.Finished | ipc.Failed):
                     self._close(handle)
+                elif handle.num_buffered_bytes > MAX_UNREAD_AUDIO_BYTES:
+                    self._on_unread(handle)
             return
         replica = self._sender(msg)
         if replica is None:
@@ -258,6 +318,14 @@ class ReplicaManager:
             self._on_ready(replica, msg)
         elif isinstance(msg, ipc.Fatal):
             replica.fatal = msg.message
+
+    def _on_unread(self, handle: RequestHandle) -> None:
+        """A session's audio piles up with no reader: end it rather than buffer without bound."""
+        session = self.sessions.get(handle.req_id)
+        if session is not None and not session.claimed:
+            self._end_session(session, f"the session's audio was not read ({MAX_UNREAD_AUDIO_BYTES >> 20} MB "
+                                       "buffered); open GET /generate/stream/{id}/audio while it runs",
+                              time.monotonic())
 
     def _sender(self, msg: Any) -> Replica | None:
         """The replica a status message is from, if it is from its current, still running process."""
@@ -291,11 +359,13 @@ class ReplicaManager:
         while True:
             replica = self._pick(tried)
             tried.add(replica.index)
-            handle = self._open(replica, deadline)
-            if not self._send(replica, ipc.Submit(handle.req_id, fields, seed, input_streaming, audio, voice_prompt)):
-                self._close(handle)
+            req_id = uuid.uuid4().hex
+            submit = ipc.Submit(req_id, fields, seed, input_streaming, audio, voice_prompt)
+            frames = ipc.encode(submit)  # may raise: nothing open
+            handle = self._open_and_send(replica, req_id, frames, deadline)
+            if handle is None:
                 continue
-            event = await handle.events.get()
+            event = await handle.get()
             if isinstance(event, ipc.Started):
                 handle.prompt_len = event.prompt_len
                 return handle
@@ -305,12 +375,15 @@ class ReplicaManager:
 
     async def encode_voice(self, name: str, audio: bytes, ref_text: str | None) -> bytes:
         """A saved voice's file, computed by a replica's encoders; raises ApiError when refused."""
-        handle = self._open(self._pick(set()), time.monotonic() + self.config.server.request_timeout_s)
+        replica, req_id = self._pick(set()), uuid.uuid4().hex
+        frames = ipc.encode(ipc.EncodeVoice(req_id, name, int(time.time()), ref_text, audio))
+        deadline = time.monotonic() + self.config.server.request_timeout_s
+        handle = self._open_and_send(replica, req_id, frames, deadline)
+        if handle is None:
+            raise ApiError.unavailable(f"replica {replica.index} cannot take the request")
         handle.counted = False
         try:
-            if not self._send_to(handle, ipc.EncodeVoice(handle.req_id, name, int(time.time()), ref_text, audio)):
-                raise ApiError.unavailable(f"replica {handle.replica} cannot take the request")
-            event = await handle.events.get()
+            event = await handle.get()
         finally:
             self._close(handle)
         if isinstance(event, ipc.Failed):
@@ -332,7 +405,9 @@ class ReplicaManager:
             self._close(handle)
 
     def _candidates(self, exclude: set[int]) -> list[Replica]:
-        return [r for r in self.replicas if r.state is ReplicaState.READY and r.index not in exclude]
+        now = time.monotonic()
+        return [r for r in self.replicas if r.state is ReplicaState.READY and not r.is_stale(now)
+                and r.index not in exclude]
 
     def _pick(self, exclude: set[int]) -> Replica:
         candidates = self._candidates(exclude)
@@ -340,10 +415,15 @@ class ReplicaManager:
             raise ApiError.unavailable(f"no replica can take the request: {self.unavailable_reason() or 'all busy'}")
         return min(candidates, key=Replica.load)
 
-    def _open(self, replica: Replica, deadline: float) -> RequestHandle:
-        handle = RequestHandle(uuid.uuid4().hex, replica.index, deadline)
-        self.handles[handle.req_id] = handle
-        replica.in_flight.add(handle.req_id)
+    def _open_and_send(self, replica: Replica, req_id: str, frames: list[bytes], deadline: float
+                       ) -> RequestHandle | None:
+        """The handle of a request whose encoded Submit the replica has taken; None (and nothing left
+        open) when it cannot take it. Encoding comes first, so no error can leave a handle behind."""
+        if not self._send_frames(replica, frames):
+            return None
+        handle = RequestHandle(req_id, replica.index, deadline)
+        self.handles[req_id] = handle
+        replica.in_flight.add(req_id)
         replica.num_dispatched += 1
         return handle
 
@@ -355,7 +435,7 @@ class ReplicaManager:
     def _fail(self, handle: RequestHandle, code: ipc.ErrorCode, message: str) -> None:
         failed = ipc.Failed(handle.req_id, str(code), message)
         self.on_event(handle, failed)
-        handle.events.put_nowait(failed)
+        handle.put(failed)
         self._close(handle)
 
     def _send_to(self, handle: RequestHandle, msg: Any) -> bool:
@@ -363,10 +443,13 @@ class ReplicaManager:
 
     def _send(self, replica: Replica, msg: Any) -> bool:
         """Queue a message for the replica without ever blocking; False if it cannot take it."""
+        return self._send_frames(replica, ipc.encode(msg))
+
+    def _send_frames(self, replica: Replica, frames: list[bytes]) -> bool:
         if replica.socket is None:
             return False
         with contextlib.suppress(zmq.Again):
-            replica.socket.send_multipart(ipc.encode(msg), flags=zmq.NOBLOCK)
+            replica.socket.send_multipart(frames, flags=zmq.NOBLOCK)
             return True
         return False
 
@@ -378,12 +461,34 @@ class ReplicaManager:
         return self.meta
 
     def unavailable_reason(self) -> str | None:
-        """None when every replica is ready, else why not."""
-        problems = [f"replica {r.index}: {r.reason}" for r in self.replicas if r.state is not ReplicaState.READY]
+        """None when every replica is ready (and heard from lately), else why not."""
+        now = time.monotonic()
+        problems = [f"replica {r.index}: {r.reason or 'no recent heartbeat'}" for r in self.replicas
+                    if r.state is not ReplicaState.READY or r.is_stale(now)]
         return "; ".join(problems) or None
+
+    def session_room(self) -> bool:
+        """Whether another session may open: at most --max-sessions per replica exist at once, from their
+        start until their audio has been read (or they are dropped unread)."""
+        return len(self.sessions) < self.config.server.max_sessions * len(self.replicas)
 
     def status(self) -> list[dict[str, Any]]:
         return [_replica_status(r) for r in self.replicas]
+
+
+def _socket_prefix() -> str:
+    """Where the ZMQ sockets live. On Linux, in the abstract socket namespace: nothing on disk, so an API
+    process that is killed (SIGKILL) leaves nothing behind. Elsewhere, in a fresh temporary directory."""
+    if sys.platform.startswith("linux"):
+        return f"ipc://@vox-serve-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    return f"ipc://{tempfile.mkdtemp(prefix='vox-serve-')}"
+
+
+def _drain(queue: asyncio.Queue[Any]) -> list[Any]:
+    items = []
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items
 
 
 def _signal_name(number: int) -> str:
@@ -395,8 +500,9 @@ def _signal_name(number: int) -> str:
 
 def _replica_status(r: Replica) -> dict[str, Any]:
     s = r.stats
+    since = round(time.monotonic() - r.last_seen, 3) if r.state is ReplicaState.READY else None
     return {
-        "replica": r.index, "state": str(r.state), "reason": r.reason,
+        "replica": r.index, "state": str(r.state), "reason": r.reason, "seconds_since_heartbeat": since,
         "pid": r.proc.pid if r.proc is not None else None, "device": r.device, "restarts": r.num_restarts,
         "in_flight": len(r.in_flight),
         "active_requests": s.num_active if s else None, "waiting_requests": s.num_waiting if s else None,

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from vox_serve.core.meta import ProgramMeta
+from vox_serve.request_builder import VISIBLE_PATTERN
 
 
 @dataclass(frozen=True)
@@ -22,13 +23,16 @@ class FieldDoc:
     bounds: dict[str, float] = field(default_factory=dict)  # JSON-schema range keywords
 
 
+INT64_MAX = 2**63 - 1  # integers travel to the replicas as signed 64-bit (msgpack)
 REQUEST_FIELDS: dict[str, FieldDoc] = {
-    "text": FieldDoc("string", "Text to speak: required, not blank, at most `max_text_chars` characters "
-                     "(GET /info)."),
+    "text": FieldDoc("string", "Text to speak: required, with a visible character (not only whitespace, "
+                     "controls or invisible marks), at most `max_text_chars` characters (GET /info), and short "
+                     "enough in tokens for the model's `max_model_len`."),
     "streaming": FieldDoc("boolean", "true (default): a WAV stream whose PCM chunks arrive as they are "
                           "decoded; false: one complete WAV when generation ends."),
-    "voice": FieldDoc("string", "Voice name (GET /info lists the model's voices). Alias: `speaker`."),
-    "language": FieldDoc("string", "Language of the text (GET /info lists the model's languages)."),
+    "voice": FieldDoc("string", "Voice name, as GET /info lists the model's voices. Alias: `speaker` (not "
+                      "both)."),
+    "language": FieldDoc("string", "Language of the text, as GET /info lists the model's languages."),
     "instruct": FieldDoc("string", "A style instruction, for models that take one."),
     "ref_text": FieldDoc("string", "Transcript of the reference audio: with it a voice clone continues the "
                          "reference (in-context cloning); without it only the speaker embedding is used."),
@@ -36,14 +40,15 @@ REQUEST_FIELDS: dict[str, FieldDoc] = {
                                    "ignoring `ref_text` (default: true when `ref_text` is absent)."),
     "temperature": FieldDoc("number", "Sampling temperature; 0 is greedy.", {"minimum": 0, "maximum": 10}),
     "top_p": FieldDoc("number", "Nucleus sampling mass.", {"exclusiveMinimum": 0, "maximum": 1}),
-    "top_k": FieldDoc("integer", "Sample among the k most likely tokens; 0 disables.", {"minimum": 0}),
+    "top_k": FieldDoc("integer", "Sample among the k most likely tokens; 0 disables.",
+                      {"minimum": 0, "maximum": INT64_MAX}),
     "min_p": FieldDoc("number", "Drop tokens below min_p times the top probability.",
                       {"minimum": 0, "exclusiveMaximum": 1}),
     "repetition_penalty": FieldDoc("number", "Penalty on recently generated tokens; 1 disables.",
                                    {"exclusiveMinimum": 0, "maximum": 10}),
-    "max_tokens": FieldDoc("integer", "Most tokens to generate.", {"minimum": 1}),
+    "max_tokens": FieldDoc("integer", "Most tokens to generate.", {"minimum": 1, "maximum": INT64_MAX}),
     "seed": FieldDoc("integer", "Seed of this request's sampling; the same seed repeats the same audio.",
-                     {"minimum": 0, "maximum": 2**63 - 1}),
+                     {"minimum": 0, "maximum": INT64_MAX}),
     "ignore_eos": FieldDoc("boolean", "Keep generating until max_tokens even after a stop token."),
 }
 ALIASES = {"speaker": "voice"}
@@ -58,18 +63,28 @@ def accepted_fields(meta: ProgramMeta | None) -> list[str]:
     return list(meta.accepted_fields)
 
 
-def _property(name: str, meta: ProgramMeta | None, media: str) -> dict[str, Any]:
+def _property(name: str, meta: ProgramMeta | None, media: str, whole_text: bool) -> dict[str, Any]:
     if name == AUDIO_FIELD:
         if media == "json":
-            return {"type": "string", "contentEncoding": "base64", "description": f"{AUDIO_DOC} Base64-encoded."}
-        return {"type": "string", "format": "binary", "contentMediaType": "audio/*", "description": AUDIO_DOC}
+            return {"type": "string", "contentEncoding": "base64", "pattern": BASE64_PATTERN, "minLength": 1,
+                    "description": f"{AUDIO_DOC} Base64-encoded."}
+        return {"type": "string", "format": "binary", "contentMediaType": "audio/*", "minLength": 1,
+                "description": AUDIO_DOC}
     doc = REQUEST_FIELDS.get(name, FieldDoc("string", "A field of this model."))
     prop: dict[str, Any] = {"type": doc.kind, "description": doc.description, **doc.bounds}
+    if name == "text":
+        prop["minLength"] = 1
+        if whole_text:  # a session's first piece may be only spaces: its whole text is checked at its end
+            prop["pattern"] = VISIBLE_PATTERN
+        if meta is not None:
+            prop["maxLength"] = meta.max_text_chars
     choices = {"voice": meta.voices, "language": meta.languages} if meta is not None else {}
     if choices.get(name):
         prop["enum"] = list(choices[name])
     if name == "streaming":
         prop["default"] = True
+        if not whole_text:  # an input-streaming session always streams
+            prop["enum"] = [True]
     elif meta is not None and name in meta.default_sampling:
         prop["default"] = meta.default_sampling[name]
     return prop
@@ -79,14 +94,30 @@ def request_schema(meta: ProgramMeta | None, media: str, text_required: bool = T
     """JSON schema of a generate request body sent as `media`: json, multipart or urlencoded
     (which cannot carry a file)."""
     names = [n for n in accepted_fields(meta) if n != AUDIO_FIELD or media != "urlencoded"]
-    props = {name: _property(name, meta, media) for name in names}
+    props = {name: _property(name, meta, media, whole_text=text_required) for name in names}
     for alias, target in ALIASES.items():
         if target in props:
             props[alias] = {**props[target], "description": f"Alias of `{target}`."}
     schema: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
-    if text_required:
-        schema["required"] = ["text"]
+    clones = meta is not None and "reference_audio_seconds" in meta.extra
+    required = (["text"] if text_required else []) + ([AUDIO_FIELD] if clones and media != "urlencoded" else [])
+    if required:
+        schema["required"] = required
+    rules = [{"not": {"required": [alias, target]}} for alias, target in ALIASES.items() if target in props]
+    if clones:
+        rules.append(IN_CONTEXT_NEEDS_TRANSCRIPT)
+    if rules:
+        schema["allOf"] = rules
     return schema
+
+
+# What the server refuses across fields, as JSON schema: an alias beside its field (see ALIASES), and
+# in-context cloning (x_vector_only_mode false) without a transcript.
+IN_CONTEXT_NEEDS_TRANSCRIPT: dict[str, Any] = {"anyOf": [  # the second holds when the mode is absent or true
+    {"required": ["ref_text"], "properties": {"ref_text": {"minLength": 1}}},
+    {"properties": {"x_vector_only_mode": {"const": True}}},
+]}
+BASE64_PATTERN = r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
 # ---- response bodies ------------------------------------------------------------------------
@@ -109,7 +140,9 @@ class PoolUsage(BaseModel):
 class ReplicaStatus(BaseModel):
     replica: int
     state: Literal["starting", "ready", "restarting", "stopped"]
-    reason: str | None = Field(description="Why the replica is not ready.")
+    reason: str | None = Field(description="Why the replica is not ready (also while a ready one has not "
+                                           "reported for a second: frozen, or stuck in a long step).")
+    seconds_since_heartbeat: float | None = Field(description="Since the replica last reported (every 0.2 s).")
     pid: int | None
     device: str | None
     restarts: int = Field(description="Times the replica's process was restarted after it died.")
@@ -122,10 +155,20 @@ class ReplicaStatus(BaseModel):
     failed: int | None
 
 
+class SessionStatus(BaseModel):
+    open: int = Field(description="Input-streaming sessions the server holds (started, audio not yet read).")
+    max_per_replica: int = Field(description="--max-sessions: sessions per replica before /start answers 503.")
+    idle_timeout_s: float = Field(description="--session-idle-timeout-s: a session without new text (or, "
+                                              "ended, without its reader) this long ends.")
+
+
 class HealthResponse(BaseModel):
     status: Literal["ok", "unavailable"]
     reason: str | None = Field(description="Why the server is unavailable.")
+    server_pid: int = Field(description="The API server's process id: a start-up script can tell that the "
+                                        "server answering is the one it started.")
     replicas: list[ReplicaStatus]
+    sessions: SessionStatus
 
 
 class Limits(BaseModel):
@@ -136,6 +179,8 @@ class Limits(BaseModel):
     max_queued_requests: int = Field(description="Waiting requests per replica before 503.")
     max_batch_size: int
     dp_size: int
+    max_sessions: int = Field(description="Input-streaming sessions per replica.")
+    session_idle_timeout_s: float
 
 
 class InfoResponse(BaseModel):
@@ -171,13 +216,15 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": text, **({"headers": RETRY_AFTER_HEADER} if status == 503 else {})}
     for status, text in {
         400: "Malformed body, or a feature the model does not have.",
+        401: "Missing or wrong API key (`Authorization: Bearer KEY`, servers started with --api-key).",
+        408: "The body did not arrive within --body-timeout-s.",
         404: "No such input-streaming session.",
         409: "The session is not in a state for this call.",
         413: "Upload larger than --max-upload-mb.",
         415: "Unsupported content type.",
         422: "A field the model cannot take, named in `error.field`.",
         500: "The request failed inside the server.",
-        503: "Overloaded (past --max-queued-requests) or no replica ready; see Retry-After.",
+        503: "Overloaded (past --max-queued-requests or --max-sessions) or no replica ready; see Retry-After.",
         504: "The request ran past --request-timeout-s.",
     }.items()
 }
@@ -185,3 +232,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: ERROR_RESPONSES[status] for status in statuses}
+
+
+def error_responses_doc(status: int) -> dict[str, Any]:
+    """The OpenAPI response object of an error status (for responses added after FastAPI built the document)."""
+    return {"description": ERROR_RESPONSES[status]["description"], "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}

@@ -142,9 +142,9 @@ class SpeechSource:
     async def _next_event(self, handle: RequestHandle) -> Any:
         """The handle's next event; meanwhile a segment that arrives may be prefetched."""
         if self.ended:
-            return await handle.events.get()
+            return await handle.get()
         while True:
-            get = asyncio.ensure_future(handle.events.get())
+            get = asyncio.ensure_future(handle.get())
             changed = asyncio.ensure_future(self._changed.wait())
             try:
                 await asyncio.wait({get, changed}, return_when=asyncio.FIRST_COMPLETED)

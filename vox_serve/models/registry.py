@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from vox_serve.models.names import NAMES
 from vox_serve.rt.checkpoint import CheckpointError, read_json, resolve_local
 from vox_serve.rt.program import Program
 
@@ -48,10 +49,6 @@ FAMILIES: dict[str, ModelFamily] = {
     "orpheus": ModelFamily("orpheus", 4096, _build_orpheus),
     "qwen3-tts": ModelFamily("qwen3-tts", 4096, _build_qwen3_tts),
 }
-NAMES: dict[str, str] = {"orpheus": "orpheus", "orpheus-tiny": "orpheus", "canopylabs/orpheus-3b-0.1-ft": "orpheus",
-                         "qwen3-tts": "qwen3-tts", "qwen3-tts-tiny": "qwen3-tts", "qwen3-tts-base": "qwen3-tts",
-                         "qwen3-tts-base-tiny": "qwen3-tts", "qwen3-tts-voice-design": "qwen3-tts",
-                         "qwen3-tts-0.6b": "qwen3-tts", "qwen3-tts-base-0.6b": "qwen3-tts"}
 
 
 def family_of(name: str) -> ModelFamily:

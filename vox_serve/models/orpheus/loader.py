@@ -16,6 +16,7 @@ from vox_serve.codecs.snac import SnacConfig, SnacDecoder
 from vox_serve.layers.llama import LlamaConfig, LlamaForCausalLM
 from vox_serve.models.orpheus.program import OrpheusProgram, orpheus_meta
 from vox_serve.models.tokenizers.byte_level import byte_level_tokenizer
+from vox_serve.models.tokenizers.user_text import for_user_text
 from vox_serve.rt.checkpoint import (
     CheckpointError,
     checkpoint_dir,
@@ -83,11 +84,11 @@ def load_orpheus(name: str, load_format: str, device: torch.device, dtype: torch
     if model_dir is None:
         init_random(lm, seed)
         snac = SnacDecoder.random(SnacConfig.from_dict(snac_cfg_dict), seed=seed + 1, device=device)
-        tokenizer = byte_level_tokenizer()
+        tokenizer = for_user_text(byte_level_tokenizer())
     else:
         lm.load_hf_weights(iter_safetensors(model_dir))
         snac = SnacDecoder.from_dir(str(_find_snac(model_dir, codec_path)), device=device)
-        tokenizer = _load_tokenizer(model_dir)
+        tokenizer = for_user_text(_load_tokenizer(model_dir))
     lm = lm.to(dtype).eval()
     meta = orpheus_meta(name, max_model_len, constrain_audio)
     return OrpheusProgram(lm_cfg, lm, snac, tokenizer, meta, device, dtype)

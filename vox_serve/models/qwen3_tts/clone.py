@@ -86,7 +86,7 @@ class VoiceCloner:
     def reference_audio(self, data: bytes) -> torch.Tensor:
         """Uploaded bytes -> [samples] float32 at 24 kHz."""
         try:
-            samples, rate = decode_audio(data)
+            samples, rate = decode_audio(data, MAX_REFERENCE_SECONDS)
         except ValueError as exc:
             raise FieldError("audio", str(exc)) from exc
         seconds = len(samples) / rate

@@ -21,6 +21,7 @@ from vox_serve.models.qwen3_tts.layers import CodePredictor, DecoderConfig, Talk
 from vox_serve.models.qwen3_tts.program import Qwen3TTSProgram, qwen3_tts_meta
 from vox_serve.models.qwen3_tts.prompt import PromptIds
 from vox_serve.models.tokenizers.qwen2 import load_qwen2_tokenizer, tiny_qwen2_tokenizer
+from vox_serve.models.tokenizers.user_text import for_user_text
 from vox_serve.rt.checkpoint import (
     CheckpointError,
     checkpoint_dir,
@@ -211,10 +212,10 @@ def load_qwen3_tts(name: str, load_format: str, device: torch.device, dtype: tor
     if model_dir is None:
         init_random(talker, seed)
         init_random(predictor, seed + 1)
-        tokenizer = tiny_qwen2_tokenizer()
+        tokenizer = for_user_text(tiny_qwen2_tokenizer())
     else:
         load_weights(talker, predictor, iter_safetensors(model_dir))
-        tokenizer = load_qwen2_tokenizer(model_dir)
+        tokenizer = for_user_text(load_qwen2_tokenizer(model_dir))
     codec_dir = _codec_dir(model_dir, codec_path)
     codec = _codec(codec_dir, tiny, device, dtype, seed + 2)
     if codec.config.num_quantizers != ids.num_code_groups:

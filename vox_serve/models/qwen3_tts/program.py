@@ -36,7 +36,13 @@ import torch
 from vox_serve.codecs.qwen3.decoder import Qwen3CodecDecoder, Qwen3CodecSlots
 from vox_serve.core.meta import EngineLimits, ProgramLayout, ProgramMeta, StopRule
 from vox_serve.core.request import OutKind, Prompt
-from vox_serve.models.qwen3_tts.clone import CLONE_FIELDS, VoiceCloner, check_streaming_fields
+from vox_serve.models.qwen3_tts.clone import (
+    CLONE_FIELDS,
+    MAX_REFERENCE_SECONDS,
+    MIN_REFERENCE_SECONDS,
+    VoiceCloner,
+    check_streaming_fields,
+)
 from vox_serve.models.qwen3_tts.layers import CodePredictor, Talker
 from vox_serve.models.qwen3_tts.prompt import PromptIds, build_prompt
 from vox_serve.models.qwen3_tts.stream import PROMPT_TEXT_IDS, stable_text_ids, streaming_prompt
@@ -73,7 +79,9 @@ def qwen3_tts_meta(name: str, ids: PromptIds, max_model_len: int, hidden_size: i
         # A cloned voice streams its text in x-vector-only mode only (qwen3_tts_clone.check_streaming_fields).
         supports_input_streaming=True, streamed_text_column=g,
         extra={"model_type": ids.model_type, "takes_instruct": ids.takes_instruct,
-               "input_layout": f"columns 0..{g - 1}: code groups (-1 absent); column {g}: text id (-1: tts_pad)"},
+               "input_layout": f"columns 0..{g - 1}: code groups (-1 absent); column {g}: text id (-1: tts_pad)",
+               # the API checks an upload's length against this before the replica decodes it
+               **({"reference_audio_seconds": [MIN_REFERENCE_SECONDS, MAX_REFERENCE_SECONDS]} if clones else {})},
     )
 
 

@@ -22,8 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vox_serve.models.tokenizers.qwen2 import chat_ids
+
 ABSENT = -1
 ASSISTANT_HEAD, ASSISTANT_TAIL = 3, 5  # tokens of "<|im_start|>assistant\n" and "<|im_end|>\n<|im_start|>assistant\n"
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"  # put in by id (tokenizers/qwen2.chat_ids)
 REF_TAIL = 2  # tokens of "<|im_end|>\n" closing a voice clone's reference transcript
 
 
@@ -113,7 +116,7 @@ def build_prompt(tokenizer: Any, ids: PromptIds, text: str, voice: str | None = 
     lang_id = language_id(ids, language, speaker)
     if instruct and not ids.takes_instruct:
         raise ValueError("instruct: the 0.6B CustomVoice model does not take instructions")
-    turn = tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n").ids
+    turn = assistant_turn(tokenizer, text)
     speaker_codes = [ids.speakers[speaker]] if speaker is not None else []
     return _head(tokenizer, ids, turn, lang_id, speaker_codes, instruct) + _text_rows(ids, turn)
 
@@ -129,14 +132,14 @@ def build_clone_prompt(tokenizer: Any, ids: PromptIds, text: str, language: str 
     then codec_bos and every reference frame (all G code groups), each with tts_pad; the model continues
     the reference audio from its last frame.
     """
-    turn = tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n").ids
+    turn = assistant_turn(tokenizer, text)
     rows = _head(tokenizer, ids, turn, language_id(ids, language, None), [ABSENT], None)
     speaker_row = len(rows) - 2  # the row before the codec_pad / tts_bos row
     if ref_codes is None:
         return rows + _text_rows(ids, turn), speaker_row
     if ref_text is None:
         raise ValueError("ref_text: in-context cloning needs the reference audio's transcript")
-    ref_turn = tokenizer.encode(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n").ids
+    ref_turn = chat_ids(tokenizer, IM_START, f"assistant\n{ref_text}", IM_END, "\n")
     texts = ref_turn[ASSISTANT_HEAD:-REF_TAIL] + turn[ASSISTANT_HEAD:-ASSISTANT_TAIL]
     rows += [_row(ids, t, ids.codec_pad) for t in texts] + [_row(ids, ids.tts_eos, ids.codec_pad),
                                                             _row(ids, ids.tts_pad, ids.codec_bos)]
@@ -144,12 +147,18 @@ def build_clone_prompt(tokenizer: Any, ids: PromptIds, text: str, language: str 
     return rows, speaker_row
 
 
+def assistant_turn(tokenizer: Any, text: str) -> list[int]:
+    """Ids of `<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n`, the user's text
+    tokenized as plain text (special-token strings in it stay text)."""
+    return chat_ids(tokenizer, IM_START, f"assistant\n{text}", IM_END, "\n", IM_START, "assistant\n")
+
+
 def _head(tokenizer: Any, ids: PromptIds, turn: list[int], lang_id: int | None, speaker_codes: list[int],
           instruct: str | None) -> list[list[int]]:
     """Instruction turn, assistant role, codec prefix and speaker position, up to the tts_bos row."""
     rows: list[list[int]] = []
     if instruct:
-        rows += [_row(ids, t) for t in tokenizer.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n").ids]
+        rows += [_row(ids, t) for t in chat_ids(tokenizer, IM_START, f"user\n{instruct}", IM_END, "\n")]
     rows += [_row(ids, t) for t in turn[:ASSISTANT_HEAD]]
     if lang_id is None:
         prefix = [ids.codec_nothink, ids.codec_think_bos, ids.codec_think_eos]

@@ -22,12 +22,12 @@ from typing import Any
 
 from vox_serve.models.qwen3_tts.prompt import (
     ASSISTANT_HEAD,
-    ASSISTANT_TAIL,
     PromptIds,
     _row,
     build_clone_prompt,
     build_prompt,
 )
+from vox_serve.models.tokenizers.user_text import for_user_text
 
 PROMPT_TEXT_IDS = 1  # text ids in the prompt: the first token (the rest trail, one per frame)
 
@@ -37,15 +37,17 @@ def stable_text_ids(tokenizer: Any, text: str, start: int, ended: bool, tts_eos:
     the previous call, a word boundary) that more text cannot change, and where in `text` they end.
     Once `ended`, all of them and tts_eos. All ids of one text, concatenated, are the reference's
     (`input_id[:, 3:-5]`, from the assistant turn, whose head is only tokenized when `start` is 0)."""
-    head = "<|im_start|>assistant\n" if start == 0 else ""
-    turn = f"{head}{text[start:]}<|im_end|>\n<|im_start|>assistant\n"
-    enc = tokenizer.encode(turn)
-    first_id, stop = ASSISTANT_HEAD if head else 0, len(enc.ids) - ASSISTANT_TAIL
-    ids = enc.ids[first_id:stop]
+    # The turn's special tokens split the tokenizer's input, so the text's ids are those of the plain
+    # text between <|im_start|> and <|im_end|>: "assistant\n" (on the first call) and the text.
+    head = "assistant\n" if start == 0 else ""
+    turn = f"{head}{text[start:]}"
+    enc = for_user_text(tokenizer).encode(turn)
+    first_id = ASSISTANT_HEAD - 1 if head else 0  # <|im_start|> is not in `enc`
+    ids = enc.ids[first_id:]
     if ended:
         return ids + [tts_eos], len(text)
-    words = enc.word_ids[first_id:stop]
-    offsets = enc.offsets[first_id:stop]
+    words = enc.word_ids[first_id:]
+    offsets = enc.offsets[first_id:]
     keep = len(ids)
     for held in range(2):  # the last word; the one before it too when both are whitespace
         if keep == 0:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+from vox_serve.models.tokenizers.user_text import for_user_text
 from vox_serve.rt.checkpoint import CheckpointError, read_json
 
 QWEN2_SPLIT = (
@@ -61,6 +62,18 @@ def tiny_qwen2_tokenizer(contiguous_specials: bool = False) -> Tokenizer:
     if contiguous_specials:
         return _assemble(vocab, merges, {t: len(vocab) + i for i, t in enumerate(SPECIAL_TOKENS)})
     return _assemble(vocab, merges, SPECIAL_TOKENS)
+
+
+def chat_ids(tok: Tokenizer, *parts: str) -> list[int]:
+    """Ids of a prompt template: each part is a special token's name (SPECIAL_TOKENS), put in by its id in
+    `tok`, or text, tokenized as plain text. The same ids as tokenizing the joined string when the text
+    holds no special-token string: a tokenizer splits its input at special tokens before anything else."""
+    for_user_text(tok)
+    ids: list[int] = []
+    for part in parts:
+        special = tok.token_to_id(part) if part in SPECIAL_TOKENS else None
+        ids += [special] if special is not None else tok.encode(part).ids
+    return ids
 
 
 def save_tokenizer_files(tok: Tokenizer, directory: Path, fast: bool = True) -> None:

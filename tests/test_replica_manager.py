@@ -1,0 +1,70 @@
+"""The API's view of its replicas, without processes (issue 10, defects 2 and 3): a request handle is
+opened only once its Submit is encoded and sent, and a session's unread audio is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from vox_serve import ipc
+from vox_serve.api.replicas import MAX_UNREAD_AUDIO_BYTES, ReplicaManager, ReplicaState, Session
+from vox_serve.config import VoxConfig
+
+
+class FakeSocket:
+    def __init__(self) -> None:
+        self.sent: list[list[bytes]] = []
+
+    def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
+        self.sent.append(frames)
+
+    def close(self, linger: int = 0) -> None:
+        pass
+
+
+def ready_manager() -> ReplicaManager:
+    manager = ReplicaManager(VoxConfig())
+    replica = manager.replicas[0]
+    replica.state, replica.reason, replica.socket, replica.last_seen = ReplicaState.READY, None, FakeSocket(), \
+        time.monotonic()
+    return manager
+
+
+def test_a_submit_that_cannot_be_encoded_leaves_no_handle_open() -> None:
+    """A lone surrogate reaching ipc.encode after the handle was opened left a phantom request in flight."""
+    manager = ready_manager()
+    with pytest.raises(UnicodeEncodeError):
+        asyncio.run(manager.submit({"text": "a\ud800b"}))
+    assert not manager.handles and not manager.replicas[0].in_flight and not manager.replicas[0].socket.sent
+
+
+def test_a_session_whose_audio_nobody_reads_is_ended_past_the_bound() -> None:
+    manager = ready_manager()
+
+    async def run() -> None:
+        task = asyncio.create_task(manager.submit({}, input_streaming=True))
+        await asyncio.sleep(0)
+        [req_id] = manager.handles
+        manager._dispatch(ipc.Started(req_id, 0))
+        handle = await task
+        manager.sessions[req_id] = Session(handle, last_activity=time.monotonic(), ended=True)
+        chunk = b"\0" * (1 << 16)
+        for i in range(MAX_UNREAD_AUDIO_BYTES // len(chunk) + 1):
+            manager._dispatch(ipc.Audio(req_id, i, chunk))
+        assert handle.done and handle.num_buffered_bytes == 0  # ended, its audio dropped
+        event = await handle.get()
+        assert isinstance(event, ipc.Failed) and event.code == ipc.ErrorCode.TIMEOUT and "not read" in event.message
+        abort = ipc.decode(manager.replicas[0].socket.sent[-1])
+        assert isinstance(abort, ipc.Abort) and abort.req_id == req_id
+
+    asyncio.run(run())
+
+
+def test_a_replica_silent_past_a_few_heartbeats_is_not_ready() -> None:
+    manager = ready_manager()
+    assert manager.unavailable_reason() is None
+    manager.replicas[0].last_seen -= 5.0
+    assert "heartbeat" in manager.unavailable_reason()
+    assert not manager._candidates(set())
