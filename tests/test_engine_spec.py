@@ -32,7 +32,8 @@ FIELDS = [{"text": "Hello there.", "max_tokens": 30}, {"text": "A second request
 def test_engine_spec_is_json_with_complete_layouts() -> None:
     spec = json.loads(json.dumps(build_engine(CONFIG)))  # survives a JSON round trip
     assert spec["version"] == 2 and spec["meta"]["codes_per_frame"] == 7
-    assert spec["meta"]["stop_rule"] == {"token": 128258, "column": 0, "min_generated": 0, "at_frame_boundary": True}
+    assert spec["meta"]["stop_rule"] == {"token": 128258, "column": 0, "min_generated": 0, "at_frame_boundary": True,
+                                         "keeps_frame": False, "description": ""}
     assert spec["attention"]["num_pages"] == 65 and spec["attention"]["layout"] == "NHD"
     assert set(spec["arenas"]) == {"step_in", "step_out"}
     step_in = {f["name"]: f for f in spec["arenas"]["step_in"]["fields"]}

@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from tests.sim_helpers import COSTS, PROFILE, Bench, limits
+from tests.sim_helpers import COSTS, META, PROFILE, Bench, expected_samples, limits
+from vox_serve.core.meta import StopRule
 from vox_serve.core.plan import CodecLaunch, StepPlan
 from vox_serve.core.request import RequestStatus
 from vox_serve.engine_loop import EngineLoop
@@ -107,6 +108,22 @@ def test_outputs_stop_at_the_scripted_length_and_time_follows_the_cost_model() -
     s = b.worker.stats
     assert s.steps > 14 and s.device_seconds > 0
     assert b.clock() == pytest.approx(s.host_seconds + s.device_seconds)  # synchronous: host + device
+
+
+@pytest.mark.parametrize("policy", ["base", "online", "offline", "deadline"])
+def test_a_stop_frame_that_is_audio_is_kept_and_ends_the_request(policy: str) -> None:
+    """OutKind.AUDIO_STOP (CSM's stop frame): its codes are kept and decoded, the request stops."""
+    frame_steps = dataclasses.replace(META, codes_per_step=2)  # one sampled row is one whole frame
+    outcomes = {}
+    for keeps in (False, True):
+        meta = dataclasses.replace(frame_steps, stop_rule=StopRule(token=0, keeps_frame=keeps))
+        b = Bench(policy, meta=meta)
+        req = b.add("r0", frames=7, max_tokens=20)
+        b.run()
+        assert req.finish_reason == "stop"
+        outcomes[keeps] = (req.num_codes, sum(n for _, n in b.chunks["r0"]))
+    assert outcomes[False] == (14, expected_samples(7))
+    assert outcomes[True] == (16, expected_samples(8))
 
 
 def test_asynchronous_scheduling_hides_host_time_behind_the_device() -> None:

@@ -30,12 +30,16 @@ class ProgramLayout:
 class StopRule:
     """When a request stops, as the stages decide it (inside the graph); published for runtimes and docs.
     A sampled `token` in `column` stops the request, once `min_generated` tokens exist, at a frame
-    boundary when `at_frame_boundary` (also: max_tokens, max_model_len, decided by the host)."""
+    boundary when `at_frame_boundary` (also: max_tokens, max_model_len, decided by the host). With
+    `keeps_frame` the stopping row is audio too (OutKind.AUDIO_STOP); `description` says it in words
+    for a rule that is not one token (CSM: codebooks 0..30 all zero)."""
 
     token: int
     column: int = 0
     min_generated: int = 0
     at_frame_boundary: bool = False
+    keeps_frame: bool = False
+    description: str = ""
 
 
 @dataclass(frozen=True)

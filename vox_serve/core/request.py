@@ -39,8 +39,17 @@ class OutKind(enum.IntEnum):
     """What a sampled decode row means; set inside the stages so schedulers never read token ids."""
 
     AUDIO = 0
-    STOP = 1
+    STOP = 1  # the request stops; the row is not audio
     OTHER = 2
+    AUDIO_STOP = 3  # the row is audio (its codes are kept) and the request stops after it
+
+    @property
+    def is_audio(self) -> bool:
+        return self in (OutKind.AUDIO, OutKind.AUDIO_STOP)
+
+    @property
+    def stops(self) -> bool:
+        return self in (OutKind.STOP, OutKind.AUDIO_STOP)
 
 
 @dataclass(frozen=True)

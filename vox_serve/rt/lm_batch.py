@@ -64,7 +64,7 @@ class LmBatch:
         st, n, ws = self.state, self.num_seqs, self.write_slot
         gen = self.gen_index.clamp(0, st.max_generated - 1)
         st.tokens[ws, gen] = sample.tokens.to(torch.int32)
-        audio = sample.kind == int(OutKind.AUDIO)
+        audio = (sample.kind == int(OutKind.AUDIO)) | (sample.kind == int(OutKind.AUDIO_STOP))
         wa = torch.where(audio, ws, st.scratch)
         cps = sample.codes.shape[1]
         index = (self.num_codes[:, None] + torch.arange(cps, device=ws.device)).clamp(max=st.max_codes - 1)

@@ -497,12 +497,13 @@ class Scheduler:
         for slot in slots[t.num_generated[slots] == 0]:
             stats = t.requests[slot].stats
             stats.first_token = stats.first_token or now
-        stop = kinds == OutKind.STOP
-        grown = slots[~stop]
+        stop = (kinds == OutKind.STOP) | (kinds == OutKind.AUDIO_STOP)
+        grown = slots[kinds != OutKind.STOP]
         t.num_generated[grown] += 1
-        t.num_codes[slots[kinds == OutKind.AUDIO]] += self.meta.codes_per_step
-        total = t.prompt_len[grown] + t.num_generated[grown]
-        full = grown[(t.num_generated[grown] >= t.max_tokens[grown]) | (total >= self.limits.max_model_len)]
+        t.num_codes[slots[(kinds == OutKind.AUDIO) | (kinds == OutKind.AUDIO_STOP)]] += self.meta.codes_per_step
+        going = slots[~stop]
+        total = t.prompt_len[going] + t.num_generated[going]
+        full = going[(t.num_generated[going] >= t.max_tokens[going]) | (total >= self.limits.max_model_len)]
         for slot in slots[stop]:
             self._finish_generation(t.requests[slot], "stop")
         for slot in full:

@@ -214,13 +214,15 @@ class SimWorker:
         del s.tokens[gen_index:]  # a recomputed or discarded future is overwritten
         frames = self.lengths.get(s.req_id, DEFAULT_FRAMES)
         at_boundary = (gen_index * cps) % cpf == 0
-        if s.allow_stop and at_boundary and gen_index * cps >= frames * cpf:
+        stops = s.allow_stop and at_boundary and gen_index * cps >= frames * cpf
+        keeps = self.meta.stop_rule.keeps_frame
+        if stops and not keeps:
             s.tokens.append([0] * cps)
             return int(OutKind.STOP)
         codes = [(s.seed * 7919 + (gen_index * cps + i) * 104729) % 4096 for i in range(cps)]
         s.tokens.append(codes)
         s.codes.extend(codes)
-        return int(OutKind.AUDIO)
+        return int(OutKind.AUDIO_STOP if stops else OutKind.AUDIO)
 
     # ---- codec -------------------------------------------------------------------------------
     def _codec(self, launch: CodecLaunch) -> list[bytes]:
