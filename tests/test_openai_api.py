@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from audio_checks import decode, probe
@@ -59,8 +60,11 @@ def test_openapi_documents_the_speech_body(server: Server) -> None:
     paths = server.client.get("/openapi.json").json()["paths"]
     schema = paths["/v1/audio/speech"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert schema["required"] == ["model", "input"] and "mulaw" in schema["properties"]["response_format"]["enum"]
-    voice = paths["/v1/audio/voices"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
-    assert voice["required"] == ["name", "audio_sample"]
+    assert set(paths["/v1/audio/speech"]["post"]["responses"]) >= {"200", "400", "401", "404", "503"}
+    error = paths["/v1/audio/speech"]["post"]["responses"]["400"]["content"]["application/json"]["schema"]
+    assert error == {"$ref": "#/components/schemas/OpenAIErrorResponse"}
+    # orpheus-tiny has built-in voices and clones none: saving and deleting voices are not offered
+    assert list(paths["/v1/audio/voices"]) == ["get"] and list(paths["/v1/audio/voices/{voice_id}"]) == ["get"]
 
 
 def test_pcm_equals_generate_and_official_model_names_are_accepted(server: Server, client: openai.OpenAI) -> None:
@@ -170,7 +174,12 @@ def test_long_text_is_consecutive_segments_of_one_stream(server: Server, client:
                                                             response_format="pcm", extra_body=TOKENS)
     assert int(response.headers["x-num-segments"]) == len(parts)
     # Each segment is a request of its own with the same voice and seed: the stream is their audio in order.
-    assert response.content == b"".join(generate_pcm(server, part) for part in parts)
+    # The next segment is prefilled while the one before it plays, so the segments ran batched together
+    # here and alone below; on a CPU another batch shape may round the codec's float output differently
+    # by one PCM step (greedy tokens are the same), so the audio is compared to within 2 steps.
+    got = np.frombuffer(response.content, dtype=np.int16).astype(np.int32)
+    want = np.frombuffer(b"".join(generate_pcm(server, part) for part in parts), dtype=np.int16).astype(np.int32)
+    assert len(got) == len(want) and np.abs(got - want).max() <= 2
 
 
 def test_client_disconnect_aborts_every_segment(server: Server) -> None:

@@ -9,7 +9,14 @@ import time
 import pytest
 
 from vox_serve import ipc
-from vox_serve.api.replicas import MAX_UNREAD_AUDIO_BYTES, ReplicaManager, ReplicaState, Session
+from vox_serve.api.replicas import (
+    HEARTBEAT_TIMEOUT_S,
+    MAX_UNREAD_AUDIO_BYTES,
+    STUCK_STEP_S,
+    ReplicaManager,
+    ReplicaState,
+    Session,
+)
 from vox_serve.config import VoxConfig
 
 
@@ -68,3 +75,32 @@ def test_a_replica_silent_past_a_few_heartbeats_is_not_ready() -> None:
     manager.replicas[0].last_seen -= 5.0
     assert "heartbeat" in manager.unavailable_reason()
     assert not manager._candidates(set())
+
+
+class FakeProcess:
+    killed = False
+
+    def poll(self) -> None:
+        return None
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_a_replica_busy_in_a_long_step_stays_ready_until_the_step_is_stuck() -> None:
+    """Its heartbeat thread keeps reporting during a step: a step of a few seconds (a loaded CPU) does
+    not make it unavailable; a step past STUCK_STEP_S does, and one past HEARTBEAT_TIMEOUT_S is killed."""
+    manager = ready_manager()
+    replica = manager.replicas[0]
+    replica.proc = FakeProcess()
+    replica.last_seen -= 0.5
+    manager._dispatch(ipc.Heartbeat(0, 0, step_s=3.0))
+    assert time.monotonic() - replica.last_seen < 0.1  # the heartbeat was taken as the replica's
+    assert manager.unavailable_reason() is None and manager._candidates(set())
+    manager._dispatch(ipc.Heartbeat(0, 0, step_s=STUCK_STEP_S + 1))
+    assert "in one step for" in manager.unavailable_reason() and not manager._candidates(set())
+    manager._dispatch(ipc.Stats(0, 0, 0, 0, 0, {}, 0, 0, 0, 1))  # the loop reports: the step ended
+    assert manager.unavailable_reason() is None
+    manager._dispatch(ipc.Heartbeat(0, 0, step_s=HEARTBEAT_TIMEOUT_S + 1))
+    manager._watch(replica, time.monotonic())
+    assert replica.proc.killed and "stuck" in replica.fatal

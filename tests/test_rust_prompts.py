@@ -18,12 +18,14 @@ import torch
 from rust_helpers import require_rt
 from tokenizer_helpers import BUILDERS, CORPUS
 
+from vox_serve.core.request import Prompt
 from vox_serve.models.orpheus.program import OrpheusProgram, orpheus_meta
 from vox_serve.models.qwen3_tts import clone as py_clone
 from vox_serve.models.qwen3_tts import prompt as py_prompt
 from vox_serve.models.qwen3_tts import stream as py_stream
 from vox_serve.models.qwen3_tts.loader import QWEN3_TTS_TINY_BASE_CONFIG, QWEN3_TTS_TINY_CONFIG, dummy_config
 from vox_serve.models.registry import BuildArgs, build_program
+from vox_serve.models.tokenizers.user_text import for_user_text
 from vox_serve.request_builder import FieldError
 
 TEXTS = CORPUS + ["assistant", "Hello test is the"]
@@ -37,10 +39,18 @@ QWEN3_CONFIGS = {
 }
 
 
+def _rows(result: Any) -> Any:
+    """A program's Prompt as the Rust builders return it: its id rows (these prompts have nothing else)."""
+    if not isinstance(result, Prompt):
+        return result
+    assert not result.vectors and not result.conditioning
+    return result.ids.tolist()
+
+
 def _outcome(build: Any, *args: Any) -> tuple[str, Any]:
     """('ok', result) or ('error', None) for `build(*args)`: both sides must agree on which."""
     try:
-        return "ok", build(*args)
+        return "ok", _rows(build(*args))
     except ValueError:
         return "error", None
 
@@ -52,7 +62,7 @@ def _rust(hf_tokenizer: Any) -> Any:
 @pytest.mark.parametrize("tokenizer", ["orpheus_tiny", "llama3"])
 def test_orpheus_prompts_match_preprocess(tokenizer: str) -> None:
     rt = require_rt()
-    hf = BUILDERS[tokenizer]()
+    hf = for_user_text(BUILDERS[tokenizer]())  # as the Orpheus loader sets it
     meta = orpheus_meta("orpheus-tiny", 2048, True)
     program = SimpleNamespace(tokenizer=hf, meta=meta)
     builder = rt.PromptBuilder.orpheus(_rust(hf), list(meta.voices), meta.default_voice)
@@ -183,9 +193,9 @@ def test_builders_match_the_tiny_programs() -> None:
     qwen = build_program(BuildArgs("qwen3-tts-tiny", "dummy", torch.device("cpu"), torch.float32, 0, 512, None))
     qwen_builder = rt.PromptBuilder.qwen3_tts(_rust(qwen.tokenizer), json.dumps(QWEN3_TTS_TINY_CONFIG))
     for text in TEXTS[:8]:
-        assert builder.build({"text": text}) == orpheus.preprocess({"text": text})
+        assert builder.build({"text": text}) == _rows(orpheus.preprocess({"text": text}))
         fields = {"text": text, "language": "english", "voice": None}
-        assert qwen_builder.build(fields) == qwen.preprocess(fields)
+        assert qwen_builder.build(fields) == _rows(qwen.preprocess(fields))
         assert qwen_builder.stable_text_ids(text, 0, False) == qwen.stable_text_ids(text, 0, False)
 
 

@@ -20,6 +20,7 @@ from tokenizer_helpers import BUILDERS, CORPUS
 from tokenizers import Tokenizer
 
 from vox_serve.models.tokenizers.qwen2 import load_qwen2_tokenizer, save_tokenizer_files, tiny_qwen2_tokenizer
+from vox_serve.models.tokenizers.user_text import for_user_text
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,21 @@ def test_corpus_matches_hf(tokenizers: dict, name: str) -> None:
         _assert_same(hf, rs, text)
         assert rs.encode(text, False) == hf.encode(text, add_special_tokens=False).ids
     assert rs.vocab_size == hf.get_vocab_size()
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_user_text_reads_special_token_strings_as_text_as_hf_does(name: str) -> None:
+    """`encode_user_text` equals HF with `encode_special_tokens` (tokenizers/user_text.py), and the corpus
+    has special-token strings it reads differently from a plain encode."""
+    hf = for_user_text(BUILDERS[name]())
+    rs = require_rt().Tokenizer.from_str(hf.to_str())
+    differs = 0
+    for text in CORPUS:
+        want = hf.encode(text)
+        ids, word_ids, offsets = rs.encode_user_text(text)
+        assert (ids, word_ids, offsets) == (want.ids, want.word_ids, [tuple(o) for o in want.offsets]), text
+        differs += ids != rs.encode(text)
+    assert differs or name == "orpheus_tiny"  # the tiny byte-level tokenizer has no special-token strings
 
 
 @pytest.mark.parametrize("name", ["llama3", "qwen2"])

@@ -89,7 +89,7 @@ def test_the_engine_loop_waits_for_text_instead_of_failing_a_request_that_cannot
 def test_requests_waiting_for_text_leave_their_batch_places_to_others(policy: str) -> None:
     """Issue 10, defect 2: with a decode batch of 2, two requests whose text has run dry held every
     batch place, and an ordinary request waited until they timed out."""
-    b = Bench(policy, TEXT_META, dataclasses.replace(limits(max_batch=2), num_codec_slots=4))
+    b = Bench(policy, TEXT_META, dataclasses.replace(limits(max_batch=2), num_slots=4))
     dry = [add_streaming(b, f"dry-{i}", num_ids=3) for i in range(2)]
     run_until(b, lambda: b.scheduler.num_waiting_for_text == 2)
     assert all(r.status is RequestStatus.RUNNING for r in dry)

@@ -96,6 +96,14 @@ def test_input_streaming_session_with_a_saved_voice(server: Server) -> None:
     assert streamed == parse_wav(server.client.get(f"/generate/stream/{upload}/audio").content).pcm
 
 
+def test_openapi_offers_saving_and_deleting_voices_with_a_data_dir(server: Server) -> None:
+    paths = server.client.get("/openapi.json").json()["paths"]
+    post = paths["/v1/audio/voices"]["post"]
+    assert post["requestBody"]["content"]["multipart/form-data"]["schema"]["required"] == ["name", "audio_sample"]
+    assert {"400", "409", "413"} <= set(post["responses"])
+    assert {"404", "409"} <= set(paths["/v1/audio/voices/{voice_id}"]["delete"]["responses"])
+
+
 def test_list_get_and_delete(server: Server, client: openai.OpenAI) -> None:
     server.client.post("/v1/audio/voices", data={"name": "temp"}, files={"audio_sample": ("r.wav", clip())})
     listing = server.client.get("/v1/audio/voices").json()

@@ -122,6 +122,16 @@ class Fatal:
 
 
 @message
+class Heartbeat:
+    """Sent every STATS_INTERVAL_S by the replica's heartbeat thread, during steps too: a replica that
+    stops sending is frozen; `step_s` says how long the step now running has run (0 between steps)."""
+
+    replica: int
+    incarnation: int
+    step_s: float
+
+
+@message
 class Stats:
     """Load and pool occupancy, sent periodically: the heartbeat of a live replica."""
 

@@ -4,7 +4,8 @@ The process builds the engine, the scheduling policy, the worker and the engine 
 repeats: take every message the API sent (blocking only while there is nothing to run), run one
 step, and send the audio the step produced as it is decoded. Prompts are built off the loop's
 thread (`prompt_pool.py`): a request joins the scheduler once its prompt is ready. Every
-STATS_INTERVAL_S it reports load and pool occupancy, which is also its heartbeat. No request can
+STATS_INTERVAL_S it reports load and pool occupancy; a thread of its own sends a heartbeat as often,
+during steps too, saying how long the current step has run. No request can
 end the process: whatever a request causes becomes a Failed message for that request.
 
     python -m vox_serve.scheduler_entry --config JSON --replica I --incarnation K \\
@@ -19,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -368,6 +370,7 @@ class Connection:
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.setsockopt(zmq.SNDHWM, 0)  # never block a step on a slow reader
         self.push.connect(api)
+        self.api = api
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         self.poller = zmq.Poller()
@@ -409,13 +412,45 @@ class Connection:
         os.close(self._wake_write)
 
 
-def serve(service: SchedulerService, conn: Connection, parent_pid: int) -> None:
+class Heartbeat:
+    """A daemon thread with its own socket (ZMQ sockets are not shared between threads) that tells the
+    API every STATS_INTERVAL_S that the process lives, and how long the loop's current step has run:
+    the API tells a frozen process (no heartbeat) from one stuck in a step (a step that never ends)
+    from one that is merely busy, without the loop having to report between steps."""
+
+    def __init__(self, conn: Connection, replica: int, incarnation: int) -> None:
+        self.step_started: float | None = None  # set by the loop around each step
+        self._stop = threading.Event()
+        self._socket = conn.ctx.socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.SNDHWM, 0)
+        self._socket.connect(conn.api)
+        self._ids = (replica, incarnation)
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(STATS_INTERVAL_S):
+            started = self.step_started
+            step_s = 0.0 if started is None else time.monotonic() - started
+            self._socket.send_multipart(ipc.encode(ipc.Heartbeat(*self._ids, step_s=round(step_s, 3))))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._socket.close(linger=0)
+
+
+def serve(service: SchedulerService, conn: Connection, parent_pid: int, heartbeat: Heartbeat | None = None) -> None:
     """Drain messages, step, report; until Shutdown or the API process is gone."""
     next_stats, wait = 0.0, 0.0
     while not service.stopping:
         for msg in conn.receive(wait):
             service.handle(msg)
+        if heartbeat is not None:
+            heartbeat.step_started = time.monotonic()
         wait = service.step()
+        if heartbeat is not None:
+            heartbeat.step_started = None
         now = time.monotonic()
         if now >= next_stats:
             conn.send(service.stats())
@@ -482,7 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     conn.send(ipc.Ready(args.replica, args.incarnation, os.getpid(), str(program.device),
                         program.meta.to_dict(), asdict(program.limits)))
     log.info("ready on %s: model %s, %d KV pages", program.device, program.meta.name, program.limits.num_pages - 1)
-    serve(service, conn, parent_pid)
+    heartbeat = Heartbeat(conn, args.replica, args.incarnation)
+    serve(service, conn, parent_pid, heartbeat)
+    heartbeat.close()
     conn.close()
     return 0
 

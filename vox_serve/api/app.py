@@ -92,6 +92,9 @@ def _openapi(app: FastAPI, manager: ReplicaManager) -> dict[str, Any]:
         schema["paths"][path]["post"]["requestBody"] = body
     if manager.meta is not None and not manager.meta.supports_input_streaming:  # its routes only answer 400
         schema["paths"] = {p: ops for p, ops in schema["paths"].items() if not p.startswith(sessions.router.prefix)}
+    if not voices.saves_voices(manager.meta, app.state.voices):  # saving and deleting only answer 400
+        schema["paths"][voices.router.prefix].pop("post", None)
+        schema["paths"][f"{voices.router.prefix}/{{voice_id}}"].pop("delete", None)
     if manager.config.server.api_key:
         _document_auth(schema)
     if manager.meta is not None:  # the model's fields are known from now on

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -26,6 +27,39 @@ from vox_serve.request_builder import FieldError
 # vox-serve field -> the name an OpenAI request uses for it
 OPENAI_NAMES = {"text": "input", "instruct": "instructions"}
 UNKNOWN_FIELD = "unknown_field"  # an error about a name the client sent as is: never renamed
+
+
+class OpenAIErrorBody(BaseModel):
+    message: str
+    type: str  # invalid_request_error, or server_error for 5xx
+    param: str | None  # the request field at fault, in OpenAI's naming
+    code: str  # vox-serve's error type
+
+
+class OpenAIErrorResponse(BaseModel):
+    error: OpenAIErrorBody
+
+
+OPENAI_ERROR_TEXT = {
+    400: "A field the model cannot take (`error.param` names it), a malformed body, or a feature this "
+         "server or model does not have.",
+    401: "Missing or wrong API key (`Authorization: Bearer KEY`, servers started with --api-key).",
+    404: "No such model or voice.",
+    408: "The body did not arrive within --body-timeout-s.",
+    409: "A voice of that name exists, or the voice cannot be changed.",
+    413: "Upload larger than --max-upload-mb.",
+    415: "Unsupported content type.",
+    500: "The request failed inside the server.",
+    503: "Overloaded or no replica ready; see Retry-After.",
+    504: "The request ran past --request-timeout-s.",
+}
+
+
+def openai_error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI responses of the error statuses a route answers, in OpenAI's error shape."""
+    retry = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}}
+    return {status: {"model": OpenAIErrorResponse, "description": OPENAI_ERROR_TEXT[status],
+                     **({"headers": retry} if status == 503 else {})} for status in statuses}
 
 
 def openai_error(exc: ApiError) -> JSONResponse:

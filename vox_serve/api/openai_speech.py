@@ -24,7 +24,7 @@ from starlette.responses import Response
 from vox_serve.api.body import read_fields
 from vox_serve.api.errors import ApiError
 from vox_serve.api.generate import context, max_upload_bytes
-from vox_serve.api.openai_compat import UNKNOWN_FIELD, OpenAIRoute, openai_error
+from vox_serve.api.openai_compat import UNKNOWN_FIELD, OpenAIRoute, openai_error, openai_error_responses
 from vox_serve.api.speech_request import check_upload, resolve_voice, segment_fields
 from vox_serve.api.speech_stream import SpeechResponse, SpeechSource, encoded_audio, run_encoder
 from vox_serve.config import VoxConfig
@@ -51,7 +51,7 @@ def check_model(meta: ProgramMeta, config: VoxConfig, model: Any) -> None:
                             f"(GET /v1/models)", "model", "model_not_found")
 
 
-@router.get("/models", summary="The served model, as OpenAI's model list")
+@router.get("/models", summary="The served model, as OpenAI's model list", responses=openai_error_responses(401, 503))
 async def list_models(request: Request) -> dict[str, Any]:
     manager, _ = context(request)
     meta = manager.require_meta()
@@ -79,11 +79,12 @@ SPEECH_BODY = {"required": True, "content": {"application/json": {"schema": {
 
 
 @router.post("/audio/speech", summary="Synthesize speech (OpenAI-compatible)", response_class=Response,
-             openapi_extra={"requestBody": SPEECH_BODY})
+             openapi_extra={"requestBody": SPEECH_BODY},
+             responses=openai_error_responses(400, 401, 404, 408, 413, 415, 500, 503, 504))
 async def create_speech(request: Request) -> Response:
     manager, config = context(request)
     meta = manager.require_meta()
-    body, audio = await read_fields(request, max_upload_bytes(config))
+    body, audio = await read_fields(request, max_upload_bytes(config), config.server.body_timeout_s)
     check_model(meta, config, body.get("model"))
     if "text" in body:
         raise ApiError(400, "text: not a field of this route, which takes the text as `input`", "text", UNKNOWN_FIELD)

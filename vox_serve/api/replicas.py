@@ -39,10 +39,13 @@ from vox_serve.core.meta import EngineLimits, ProgramMeta
 log = logging.getLogger("vox_serve.api")
 
 MONITOR_INTERVAL_S = 0.1
-# A replica reports every STATS_INTERVAL_S (0.2 s; scheduler_entry.py). One silent for STALE_AFTER_S
-# (five reports) is not ready: /health says so and new requests go elsewhere. One silent for
-# HEARTBEAT_TIMEOUT_S is killed, which fails its requests (503 replica_died) and restarts it.
+# A replica's heartbeat thread reports every STATS_INTERVAL_S (0.2 s; scheduler_entry.py), steps or
+# not. One silent for STALE_AFTER_S (five heartbeats: frozen), or in one step for STUCK_STEP_S (no
+# step of a served model takes that long), is not ready: /health says so and new requests go
+# elsewhere. One silent or in one step for HEARTBEAT_TIMEOUT_S is killed, which fails its requests
+# (503 replica_died) and restarts it.
 STALE_AFTER_S = 1.0
+STUCK_STEP_S = 10.0
 HEARTBEAT_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
 MAX_UNREAD_AUDIO_BYTES = 4 << 20  # audio a session may hold for a reader that has not come yet
@@ -67,6 +70,7 @@ class Replica:
     device: str | None = None
     stats: ipc.Stats | None = None
     last_seen: float = 0.0
+    step_s: float = 0.0  # how long its current step had run at the last heartbeat
     in_flight: set[str] = field(default_factory=set)
     num_dispatched: int = 0
     num_restarts: int = 0
@@ -76,8 +80,24 @@ class Replica:
     fatal: str | None = None  # what the process said before it exited
 
     def is_stale(self, now: float) -> bool:
-        """Ready, but silent for longer than a few heartbeats (frozen, or stuck in one long step)."""
-        return self.state is ReplicaState.READY and now - self.last_seen > STALE_AFTER_S
+        """Ready, but silent for longer than a few heartbeats (frozen), or stuck in one long step."""
+        return self.state is ReplicaState.READY and self.unresponsive_s(now) > 0
+
+    def unresponsive_s(self, now: float) -> float:
+        """How far past its limit it is: silence beyond STALE_AFTER_S, or a step beyond STUCK_STEP_S
+        (0 when neither); what `stale_reason` names."""
+        silent = now - self.last_seen
+        return max(silent - STALE_AFTER_S, self.step_s + silent - STUCK_STEP_S, 0.0)
+
+    def unresponsive_for(self, now: float) -> float:
+        """Seconds since it last proved it makes progress: its silence, plus the step it was in then."""
+        return now - self.last_seen + self.step_s
+
+    def stale_reason(self, now: float) -> str:
+        silent = now - self.last_seen
+        if silent > STALE_AFTER_S:
+            return f"no heartbeat for {silent:.1f}s (frozen)"
+        return f"in one step for {self.step_s + silent:.1f}s (stuck)"
 
     def load(self) -> tuple[int, float, int]:
         """Sort key, least loaded first: requests in flight, then KV pages in use, then traffic so far."""
@@ -226,14 +246,14 @@ class ReplicaManager:
 
     def _watch(self, replica: Replica, now: float) -> None:
         if replica.is_stale(now) and replica.reason is None:
-            replica.reason = f"no heartbeat for {now - replica.last_seen:.1f}s (frozen or stuck in a step)"
+            replica.reason = replica.stale_reason(now)
             log.warning("replica %d: %s", replica.index, replica.reason)
         elif not replica.is_stale(now) and replica.state is ReplicaState.READY:
             replica.reason = None
         if replica.proc is not None and replica.proc.poll() is not None:
             self._on_exit(replica, replica.proc.returncode, now)
-        elif replica.state is ReplicaState.READY and now - replica.last_seen > HEARTBEAT_TIMEOUT_S:
-            replica.fatal = f"unresponsive for {now - replica.last_seen:.0f}s; killed"
+        elif replica.state is ReplicaState.READY and replica.unresponsive_for(now) > HEARTBEAT_TIMEOUT_S:
+            replica.fatal = f"unresponsive ({replica.stale_reason(now)}); killed"
             log.error("replica %d: %s", replica.index, replica.fatal)
             replica.proc.kill()
         elif replica.state is ReplicaState.RESTARTING and now >= replica.restart_at:
@@ -312,8 +332,10 @@ class ReplicaManager:
         if replica is None:
             return
         replica.last_seen = time.monotonic()
-        if isinstance(msg, ipc.Stats):
-            replica.stats = msg
+        if isinstance(msg, ipc.Heartbeat):
+            replica.step_s = msg.step_s
+        elif isinstance(msg, ipc.Stats):  # sent by the loop between steps: no step is running
+            replica.stats, replica.step_s = msg, 0.0
         elif isinstance(msg, ipc.Ready):
             self._on_ready(replica, msg)
         elif isinstance(msg, ipc.Fatal):
@@ -342,6 +364,7 @@ class ReplicaManager:
         elif meta != self.meta:
             log.error("replica %d serves model %s, unlike the others (%s)", replica.index, meta.name, self.meta.name)
         replica.state, replica.reason, replica.device = ReplicaState.READY, None, msg.device
+        replica.step_s = 0.0
         replica.ready_once, replica.num_crashes_in_a_row = True, 0
         log.info("replica %d: ready (process %d on %s)", replica.index, msg.pid, msg.device)
 
@@ -463,7 +486,7 @@ class ReplicaManager:
     def unavailable_reason(self) -> str | None:
         """None when every replica is ready (and heard from lately), else why not."""
         now = time.monotonic()
-        problems = [f"replica {r.index}: {r.reason or 'no recent heartbeat'}" for r in self.replicas
+        problems = [f"replica {r.index}: {r.stale_reason(now) if r.is_stale(now) else r.reason}" for r in self.replicas
                     if r.state is not ReplicaState.READY or r.is_stale(now)]
         return "; ".join(problems) or None
 

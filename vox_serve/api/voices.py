@@ -13,16 +13,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request as StarletteRequest
 from starlette.types import Message
 
-from vox_serve.api.body import check_audio
+from vox_serve.api.body import body_timeout, check_audio
 from vox_serve.api.errors import ApiError
 from vox_serve.api.generate import context, max_upload_bytes
-from vox_serve.api.openai_compat import OpenAIRoute
+from vox_serve.api.openai_compat import OpenAIRoute, openai_error_responses
 from vox_serve.api.voices_store import NAME_PATTERN, SavedVoice, VoiceExists, VoiceStore, VoiceStoreError, check_name
 from vox_serve.core.meta import ProgramMeta
 from vox_serve.request_builder import FieldError
@@ -45,6 +46,12 @@ def _clones(meta: ProgramMeta) -> bool:
     return "audio" in meta.accepted_fields
 
 
+def saves_voices(meta: ProgramMeta | None, store: VoiceStore | None) -> bool:
+    """Whether POST / DELETE can succeed here: a store (--data-dir) and a model that clones voices.
+    Without, they only answer 400 and the OpenAPI document leaves them out."""
+    return store is not None and (meta is None or _clones(meta))
+
+
 def _builtin(meta: ProgramMeta, name: str) -> dict[str, Any]:
     return {"id": name, "name": name, "object": "audio.voice", "type": "builtin", "model": meta.name}
 
@@ -54,7 +61,7 @@ def _saved(voice: SavedVoice) -> dict[str, Any]:
             "model": voice.model, "created_at": voice.created_at, "mode": voice.mode, "ref_text": voice.ref_text}
 
 
-@router.get("", summary="The model's built-in and saved voices")
+@router.get("", summary="The model's built-in and saved voices", responses=openai_error_responses(401, 503))
 async def list_voices(request: Request) -> dict[str, Any]:
     manager, _ = context(request)
     meta = manager.require_meta()
@@ -64,7 +71,7 @@ async def list_voices(request: Request) -> dict[str, Any]:
             "data": [_builtin(meta, v) for v in meta.voices] + saved}
 
 
-@router.get("/{voice_id}", summary="One voice")
+@router.get("/{voice_id}", summary="One voice", responses=openai_error_responses(400, 401, 404, 503))
 async def get_voice(voice_id: str, request: Request) -> dict[str, Any]:
     manager, _ = context(request)
     meta = manager.require_meta()
@@ -77,12 +84,14 @@ async def get_voice(voice_id: str, request: Request) -> dict[str, Any]:
     return _saved(voice)
 
 
-@router.delete("/{voice_id}", summary="Delete a saved voice")
+@router.delete("/{voice_id}", summary="Delete a saved voice",
+                responses=openai_error_responses(400, 401, 404, 409, 503))
 async def delete_voice(voice_id: str, request: Request) -> dict[str, Any]:
     manager, _ = context(request)
     meta = manager.require_meta()
     if voice_id in meta.voices:
-        raise FieldError("voice", f"{voice_id!r} is a built-in voice of model {meta.name}; it cannot be deleted")
+        raise ApiError(409, f"voice: {voice_id!r} is a built-in voice of model {meta.name}; it cannot be deleted",
+                       "voice", "conflict")
     store = _store(request)
     if not await asyncio.to_thread(store.delete, meta.name, voice_id):
         raise ApiError(404, f"voice: no saved voice {voice_id!r} for model {meta.name}", "voice", "not_found")
@@ -99,7 +108,8 @@ VOICE_BODY = {"required": True, "content": {"multipart/form-data": {"schema": {
     }}}}}
 
 
-@router.post("", summary="Save a voice from a reference clip", openapi_extra={"requestBody": VOICE_BODY})
+@router.post("", summary="Save a voice from a reference clip", openapi_extra={"requestBody": VOICE_BODY},
+             responses=openai_error_responses(400, 401, 408, 409, 413, 415, 500, 503, 504))
 async def create_voice(request: Request) -> dict[str, Any]:
     manager, config = context(request)
     meta = manager.require_meta()
@@ -107,7 +117,7 @@ async def create_voice(request: Request) -> dict[str, Any]:
     if not _clones(meta):
         raise ApiError(400, f"model {meta.name} does not clone voices (it has built-in voices: "
                             f"{', '.join(meta.voices) or 'none'})", None, "unsupported")
-    fields, audio = await _read_form(request, max_upload_bytes(config))
+    fields, audio = await _read_form(request, max_upload_bytes(config), config.server.body_timeout_s)
     name = _new_name(meta, store, fields.get("name"))
     ref_text = fields.get("ref_text") or None
     await check_audio(meta, audio)
@@ -136,13 +146,18 @@ def _new_name(meta: ProgramMeta, store: VoiceStore, name: Any) -> str:
     return name
 
 
-async def _read_form(request: Request, max_upload_bytes: int) -> tuple[dict[str, str], bytes]:
-    """The form's text fields and its one audio file; the body is read through a byte limit."""
+async def _read_form(request: Request, max_upload_bytes: int, body_timeout_s: float) -> tuple[dict[str, str], bytes]:
+    """The form's text fields and its one audio file; the body is read through a byte limit, and must
+    arrive within body_timeout_s (408 after that)."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media != "multipart/form-data":
         raise ApiError(415, "body: send multipart/form-data with the clip as `audio_sample` (or `audio`)",
                        "body", "unsupported_media_type")
-    body = await _limited_body(request, max_upload_bytes + FORM_OVERHEAD_BYTES)
+    try:
+        with anyio.fail_after(body_timeout_s):
+            body = await _limited_body(request, max_upload_bytes + FORM_OVERHEAD_BYTES)
+    except TimeoutError:
+        raise body_timeout(body_timeout_s) from None
     replay = _replay(body)
     try:
         form = await StarletteRequest(request.scope, replay).form(max_files=1, max_fields=len(TEXT_KEYS))

@@ -182,7 +182,7 @@ class DeadlineScheduler(Scheduler):
         self._deferred_since.pop(req.req_id, None)
         if self.num_generating < self.limits.max_batch:
             return True
-        if self._at_risk or self.num_batch_places_taken + 1 > self.realtime_capacity():
+        if self._at_risk or self.num_generating + 1 > self.realtime_capacity():
             return False  # the batch is full and has no slack to lend: wait, as in base
         need = self.pool.pages_needed(req.req_id, req.prompt_len + 1)
         return self.pool.num_free - need > len(self.running)

@@ -23,7 +23,7 @@ impl OrpheusPrompt {
         if !self.voices.iter().any(|v| v == voice) {
             return Err(PromptError::field("voice", format!("voice '{voice}' is not one of {}", self.voices.join(", "))));
         }
-        let ids = self.tokenizer.encode(&format!("{voice}: {text}"), true);
+        let ids = self.tokenizer.encode_user_text(&format!("{voice}: {text}")).ids;
         let all = PROMPT_START.iter().copied().chain(ids.into_iter().map(i64::from)).chain(PROMPT_END.iter().copied());
         Ok(all.map(|id| vec![id]).collect())
     }

@@ -3,11 +3,12 @@
 
 use crate::tokenizer::Tokenizer;
 
-use super::qwen3_tts::{Qwen3Prompt, Qwen3Request, ASSISTANT_HEAD, ASSISTANT_TAIL};
+use super::qwen3_tts::{Qwen3Prompt, Qwen3Request, ASSISTANT_HEAD};
 use super::{py_slice, PromptError};
 
-const HEAD: &str = "<|im_start|>assistant\n";
-const TAIL: &str = "<|im_end|>\n<|im_start|>assistant\n";
+/// The text after the turn's `<|im_start|>`: the special tokens around the text split the tokenizer's
+/// input, so the text's ids are those of this plain text (stream.py).
+const HEAD: &str = "assistant\n";
 
 /// Python's `str.isspace()`: Unicode White_Space plus the information separators U+001C..001F.
 fn py_isspace(chars: &[char]) -> bool {
@@ -26,10 +27,10 @@ pub fn stable_text_ids(tokenizer: &Tokenizer, text: &str, start: usize, ended: b
     }
     let head = if start == 0 { HEAD } else { "" };
     let rest: String = text_chars[start..].iter().collect();
-    let turn: Vec<char> = format!("{head}{rest}{TAIL}").chars().collect();
-    let enc = tokenizer.encode_full(&turn.iter().collect::<String>(), true);
-    let first_id = if head.is_empty() { 0 } else { ASSISTANT_HEAD };
-    let stop = enc.ids.len() as isize - ASSISTANT_TAIL;
+    let turn: Vec<char> = format!("{head}{rest}").chars().collect();
+    let enc = tokenizer.encode_user_text(&turn.iter().collect::<String>());
+    let first_id = if head.is_empty() { 0 } else { ASSISTANT_HEAD - 1 }; // <|im_start|> is not in `enc`
+    let stop = enc.ids.len() as isize;
     let mut ids: Vec<i64> = py_slice(&enc.ids, first_id, stop).into_iter().map(i64::from).collect();
     if ended {
         ids.push(tts_eos);

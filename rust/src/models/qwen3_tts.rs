@@ -163,13 +163,39 @@ pub struct Qwen3Prompt {
     pub ids: PromptIds,
 }
 
-fn ids_of(tokenizer: &Tokenizer, text: &str) -> Vec<i64> {
-    tokenizer.encode(text, true).into_iter().map(i64::from).collect()
+const IM_START: &str = "<|im_start|>";
+const IM_END: &str = "<|im_end|>";
+
+/// A piece of a prompt template (`chat_ids` in vox_serve/models/tokenizers/qwen2.py).
+enum Part<'a> {
+    /// A special token, put in by its id (tokenized as text when the tokenizer lacks it).
+    Special(&'a str),
+    /// Text, tokenized as plain text: special-token strings in it stay text.
+    Text(&'a str),
+}
+
+fn chat_ids(tokenizer: &Tokenizer, parts: &[Part]) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for part in parts {
+        let (text, id) = match part {
+            Part::Special(name) => (*name, tokenizer.token_to_id(name)),
+            Part::Text(text) => (*text, None),
+        };
+        match id {
+            Some(id) => ids.push(i64::from(id)),
+            None => ids.extend(tokenizer.encode_user_text(text).ids.into_iter().map(i64::from)),
+        }
+    }
+    ids
 }
 
 impl Qwen3Prompt {
+    /// `<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n`, the text as plain text.
     pub fn assistant_turn(&self, text: &str) -> Vec<i64> {
-        ids_of(&self.tokenizer, &format!("<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"))
+        let body = format!("assistant\n{text}");
+        let parts = [Part::Special(IM_START), Part::Text(&body), Part::Special(IM_END), Part::Text("\n"),
+                     Part::Special(IM_START), Part::Text("assistant\n")];
+        chat_ids(&self.tokenizer, &parts)
     }
 
     /// The prompt rows of a CustomVoice / VoiceDesign request (`build_prompt`).
@@ -205,7 +231,9 @@ impl Qwen3Prompt {
         let ref_text = ref_text.ok_or_else(|| {
             PromptError::field("ref_text", "ref_text: in-context cloning needs the reference audio's transcript")
         })?;
-        let ref_turn = ids_of(&self.tokenizer, &format!("<|im_start|>assistant\n{ref_text}<|im_end|>\n"));
+        let body = format!("assistant\n{ref_text}");
+        let ref_turn = chat_ids(&self.tokenizer, &[Part::Special(IM_START), Part::Text(&body), Part::Special(IM_END),
+                                                   Part::Text("\n")]);
         let mut texts = py_slice(&ref_turn, ASSISTANT_HEAD, -REF_TAIL);
         texts.extend(py_slice(&turn, ASSISTANT_HEAD, -ASSISTANT_TAIL));
         let ids = &self.ids;
@@ -227,7 +255,9 @@ impl Qwen3Prompt {
         let ids = &self.ids;
         let mut rows = Vec::new();
         if let Some(instruct) = instruct {
-            let turn = ids_of(&self.tokenizer, &format!("<|im_start|>user\n{instruct}<|im_end|>\n"));
+            let body = format!("user\n{instruct}");
+            let turn = chat_ids(&self.tokenizer, &[Part::Special(IM_START), Part::Text(&body), Part::Special(IM_END),
+                                                   Part::Text("\n")]);
             rows.extend(turn.into_iter().map(|t| ids.row(t, ABSENT)));
         }
         rows.extend(py_slice(turn, 0, ASSISTANT_HEAD).into_iter().map(|t| ids.row(t, ABSENT)));

@@ -66,6 +66,14 @@ impl PyTokenizer {
         (enc.ids, enc.word_ids, enc.offsets)
     }
 
+    /// `encode_full` of a request's text as prompts read it: special-token strings stay text (HF's
+    /// `encode_special_tokens = True`), the template applies.
+    #[allow(clippy::type_complexity)]
+    fn encode_user_text(&self, py: Python, text: &str) -> (Vec<u32>, Vec<Option<u32>>, Vec<(usize, usize)>) {
+        let enc = py.allow_threads(|| self.inner.encode_user_text(text));
+        (enc.ids, enc.word_ids, enc.offsets)
+    }
+
     fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }

@@ -76,15 +76,17 @@ impl AddedVocab {
         AddedVocab { tokens, raw, normalized }
     }
 
-    pub fn split_raw(&self, text: &str) -> Vec<Split> {
-        self.find(text, &self.raw)
+    /// With `special_as_text`, special tokens' strings are not matched (HF's `encode_special_tokens`):
+    /// they stay text, to be tokenized as any other.
+    pub fn split_raw(&self, text: &str, special_as_text: bool) -> Vec<Split> {
+        self.find(text, &self.raw, special_as_text)
     }
 
-    pub fn split_normalized(&self, text: &str) -> Vec<Split> {
-        self.find(text, &self.normalized)
+    pub fn split_normalized(&self, text: &str, special_as_text: bool) -> Vec<Split> {
+        self.find(text, &self.normalized, special_as_text)
     }
 
-    fn find(&self, text: &str, matcher: &Matcher) -> Vec<Split> {
+    fn find(&self, text: &str, matcher: &Matcher, special_as_text: bool) -> Vec<Split> {
         let mut splits = Vec::new();
         let mut done = 0; // end of the last split
         let mut at = 0; // where the scan resumes: a match's end (before rstrip), as HF's iterator
@@ -103,6 +105,9 @@ impl AddedVocab {
             let token = &self.tokens[index];
             let (mut start, mut stop) = (at, end);
             at = end;
+            if token.special && special_as_text {
+                continue;
+            }
             if token.single_word && !is_single_word(text, start, stop) {
                 continue;
             }
@@ -144,7 +149,7 @@ mod tests {
     #[test]
     fn leftmost_longest() {
         let vocab = AddedVocab::new(vec![token(1, "<a>"), token(2, "<a><b>"), token(3, "<b>")], |s| s.to_string());
-        let splits = vocab.split_raw("x<a><b>y<b>");
+        let splits = vocab.split_raw("x<a><b>y<b>", false);
         assert_eq!(splits, vec![(None, 0..1), (Some(2), 1..7), (None, 7..8), (Some(3), 8..11)]);
     }
 
@@ -154,10 +159,10 @@ mod tests {
         t.lstrip = true;
         t.rstrip = true;
         let vocab = AddedVocab::new(vec![t], |s| s.to_string());
-        assert_eq!(vocab.split_raw("a  <m>  b"), vec![(None, 0..1), (Some(7), 1..8), (None, 8..9)]);
+        assert_eq!(vocab.split_raw("a  <m>  b", false), vec![(None, 0..1), (Some(7), 1..8), (None, 8..9)]);
         let mut w = token(8, "cat");
         w.single_word = true;
         let vocab = AddedVocab::new(vec![w], |s| s.to_string());
-        assert_eq!(vocab.split_raw("cats cat"), vec![(None, 0..5), (Some(8), 5..8)]);
+        assert_eq!(vocab.split_raw("cats cat", false), vec![(None, 0..5), (Some(8), 5..8)]);
     }
 }

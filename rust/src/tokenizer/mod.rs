@@ -76,17 +76,27 @@ impl Tokenizer {
     }
 
     pub fn encode_full(&self, text: &str, add_special_tokens: bool) -> Encoding {
+        self.encode_with(text, add_special_tokens, false)
+    }
+
+    /// A request's text as prompts tokenize it (vox_serve/models/tokenizers/user_text.py): special
+    /// tokens' strings in it are plain text, never their ids; the post-processor's template applies.
+    pub fn encode_user_text(&self, text: &str) -> Encoding {
+        self.encode_with(text, true, true)
+    }
+
+    fn encode_with(&self, text: &str, add_special_tokens: bool, special_as_text: bool) -> Encoding {
         let mut body = Encoding::default();
         let mut word = 0u32;
         let char_at = char_index_map(text);
-        for (id, range) in self.added.split_raw(text) {
+        for (id, range) in self.added.split_raw(text, special_as_text) {
             let (start, end) = (char_at[range.start], char_at[range.end]);
             match id {
                 Some(id) => {
                     body.push(id, Some(word), (start, end));
                     word += 1;
                 }
-                None => self.encode_piece(&text[range], start, &mut word, &mut body),
+                None => self.encode_piece(&text[range], start, &mut word, &mut body, special_as_text),
             }
         }
         match (&self.template, add_special_tokens) {
@@ -96,7 +106,7 @@ impl Tokenizer {
     }
 
     /// A piece between added tokens: normalise, split off normalised added tokens, pre-tokenize.
-    fn encode_piece(&self, piece: &str, base: usize, word: &mut u32, out: &mut Encoding) {
+    fn encode_piece(&self, piece: &str, base: usize, word: &mut u32, out: &mut Encoding, special_as_text: bool) {
         let normalized: Vec<Aligned> = if self.nfc && !unicode::is_nfc_quick(piece) {
             unicode::nfc_aligned(piece, base)
         } else {
@@ -104,7 +114,7 @@ impl Tokenizer {
         };
         let text: String = normalized.iter().map(|a| a.c).collect();
         let char_at = char_index_map(&text);
-        for (id, range) in self.added.split_normalized(&text) {
+        for (id, range) in self.added.split_normalized(&text, special_as_text) {
             let chars = &normalized[char_at[range.start]..char_at[range.end]];
             match id {
                 Some(id) => {

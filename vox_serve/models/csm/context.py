@@ -24,12 +24,12 @@ def encode_context(encoder: MimiEncoder, fields: CsmFields) -> CsmFields:
 
 def _encoded(encoder: MimiEncoder, name: str, turn: ContextTurn) -> ContextTurn:
     rate = encoder.config.sampling_rate
+    longest = min(MAX_CONTEXT_SECONDS, encoder.max_samples / rate)
     try:
-        samples, clip_rate = decode_audio(turn.audio)
+        samples, clip_rate = decode_audio(turn.audio, longest)  # decodes no more than a clip may hold
     except ValueError as exc:
         raise FieldError(name, str(exc)) from exc
     seconds = len(samples) / clip_rate
-    longest = min(MAX_CONTEXT_SECONDS, encoder.max_samples / rate)
     if not 0 < seconds <= longest:
         raise FieldError(name, f"the clip is {seconds:.2f} s long; it must be longer than 0 and at most {longest:g} s")
     audio = resample(torch.from_numpy(samples), clip_rate, rate)

@@ -78,7 +78,7 @@ class VoiceCloner:
     def check_saved(self, voice: VoicePrompt) -> None:
         """A saved voice must come from this model's encoders (same embedding width and code groups)."""
         width = self.speaker_encoder.fc.out_channels
-        groups = self.codec_encoder.config.valid_quantizers
+        groups = self.codec_encoder.num_codebooks
         if len(voice.speaker) != width or any(len(frame) != groups for frame in voice.ref_codes or []):
             raise FieldError("voice", f"the saved voice was made by another model (speaker embedding of "
                                       f"{len(voice.speaker)}, not {width})")
