@@ -70,6 +70,7 @@ def engine_limits(program: Program, config: VoxConfig, num_pages: int) -> Engine
         frames_per_chunk=frames_per_chunk, first_chunk_frames=sched.first_chunk_frames or 0, num_pages=num_pages,
         page_size=config.cache.page_size, max_model_len=program.meta.max_model_len,
         repetition_window=int(program.meta.default_sampling.get("repetition_window", 64)),
+        kv_streams=program.meta.layout.kv_streams,
     )
 
 
@@ -90,7 +91,7 @@ def size_kv_cache(program: Program, config: VoxConfig, activation_peak: int) -> 
     """Pages (the null page included) for what is left after weights, state, arenas and the activation
     peak: `--max-num-pages` when given, else at most max_batch sequences of max_model_len."""
     page_size = config.cache.page_size
-    per_seq = -(-program.meta.max_model_len // page_size)
+    per_seq = program.meta.layout.kv_streams * -(-program.meta.max_model_len // page_size)  # a request's pages
     if config.cache.max_num_pages is not None:
         return config.cache.max_num_pages + 1
     wanted = config.scheduler.max_batch_size * per_seq + 1
