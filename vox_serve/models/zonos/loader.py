@@ -13,9 +13,20 @@ from typing import Any
 
 import torch
 
-from vox_serve.models.zonos.config import ZonosConfig
+from vox_serve.codecs.dac.decoder import DAC_44KHZ, DacConfig, DacDecoder, load_dac
+from vox_serve.models.zonos.config import ZONOS_TRANSFORMER_CONFIG, ZonosConfig
 from vox_serve.models.zonos.lm import ZonosLM
-from vox_serve.rt.checkpoint import init_random, iter_safetensors, load_strict, read_json
+from vox_serve.models.zonos.program import ZonosProgram, zonos_meta
+from vox_serve.models.zonos.prompt import ZonosPrompter
+from vox_serve.models.zonos.speaker import load_speaker_model
+from vox_serve.rt.checkpoint import (
+    CheckpointError,
+    init_random,
+    iter_safetensors,
+    load_strict,
+    read_json,
+    resolve_local,
+)
 
 
 def load_zonos_lm(model_dir: Path | None, device: torch.device, dtype: torch.dtype, *, seed: int = 0,
@@ -36,3 +47,57 @@ def load_zonos_lm(model_dir: Path | None, device: torch.device, dtype: torch.dty
     lm = ZonosLM(cfg)
     load_strict(lm, dict(iter_safetensors(model_dir)), f"Zonos checkpoint {model_dir}")
     return lm.to(device=device, dtype=dtype).eval()
+
+
+# zonos-tiny: the published structure at a test size (head_dim 64, so FlashInfer can serve it too)
+ZONOS_TINY_CONFIG: dict[str, Any] = {
+    **ZONOS_TRANSFORMER_CONFIG,
+    "backbone": {**ZONOS_TRANSFORMER_CONFIG["backbone"], "d_model": 128, "n_layer": 2, "attn_mlp_d_intermediate": 256,
+                 "attn_layer_idx": [0, 1],
+                 "attn_cfg": {**ZONOS_TRANSFORMER_CONFIG["backbone"]["attn_cfg"], "num_heads": 2, "num_heads_kv": 1,
+                              "rotary_emb_dim": 64}},
+}
+DAC_TINY = DacConfig(encoder_hidden_size=4, decoder_hidden_size=32)
+ZONOS_ID, DAC_ID = "Zyphra/Zonos-v0.1-transformer", "descript/dac_44khz"
+SPEAKER_ID = "Zyphra/Zonos-v0.1-speaker-embedding"
+
+
+def dummy_dac(cfg: DacConfig, device: torch.device, dtype: torch.dtype, seed: int) -> DacDecoder:
+    dac = DacDecoder(cfg)
+    init_random(dac, seed)
+    with torch.no_grad():  # Snake alphas near 1 (init_random draws them near 0: 1/alpha would blow up)
+        for name, p in dac.named_parameters():
+            if name.endswith("alpha"):
+                p.fill_(1.0)
+    return dac.to(device=device, dtype=dtype).eval()
+
+
+def _find(what: str, given: str | None, default_id: str) -> Path:
+    path = resolve_local(given or default_id)
+    if path is None:
+        raise CheckpointError(f"{what}: {given or default_id} is not a local directory or in the Hugging Face "
+                              "cache; pass a path or use --load-format dummy")
+    return path
+
+
+def load_zonos(name: str, load_format: str, device: torch.device, dtype: torch.dtype, seed: int,
+               max_model_len: int, codec_path: str | None = None) -> ZonosProgram:
+    """`zonos-tiny` (random weights of ZONOS_TINY_CONFIG, a tiny DAC), `zonos` / a checkpoint dir with
+    `--load-format dummy` (random weights at the published sizes, DAC 44.1 kHz), or real weights: the LM
+    from the checkpoint, DAC from `--codec-path` (default descript/dac_44khz in the cache), the speaker model
+    from a `speaker/` folder in the checkpoint or Zyphra/Zonos-v0.1-speaker-embedding in the cache (without
+    one, requests may not upload a speaker clip)."""
+    speaker = None
+    if name == "zonos-tiny" or load_format == "dummy":
+        tiny = name == "zonos-tiny"
+        config = ZONOS_TINY_CONFIG if tiny else ZONOS_TRANSFORMER_CONFIG
+        lm = load_zonos_lm(None, device, dtype, seed=seed, config=config)
+        dac = dummy_dac(DAC_TINY if tiny else DAC_44KHZ, device, dtype, seed + 1)
+    else:
+        model_dir = _find("Zonos checkpoint", None if name == "zonos" else name, ZONOS_ID)
+        lm = load_zonos_lm(model_dir, device, dtype)
+        dac = load_dac(_find("DAC codec", codec_path, DAC_ID), device, dtype)
+        spk = model_dir / "speaker" if (model_dir / "speaker").is_dir() else resolve_local(SPEAKER_ID)
+        speaker = load_speaker_model(spk, device) if spk is not None else None
+    meta = zonos_meta(name, max_model_len, lm.cfg.d_model)
+    return ZonosProgram(lm, dac, ZonosPrompter(lm, speaker), meta, device, dtype)
