@@ -75,6 +75,9 @@ class ProgramMeta:
     # input-streaming request starts once its text has ended.
     streamed_text_column: int | None = None
     stateful_codec: bool = False
+    # The codec pads at the sequence end as a one-shot decode does (DAC: window frames past the end are
+    # masked), so a final chunk emits every frame up to the last, not only those with lookahead.
+    codec_pads_end: bool = False
     layout: ProgramLayout = field(default_factory=ProgramLayout)
     # What a prompt builder outside Python needs: tokenizer file, special ids, templates per request
     # kind (the program's `prompt_builder_spec`); empty when prompts need the program's Python code.

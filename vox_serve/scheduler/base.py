@@ -249,14 +249,16 @@ class Scheduler:
         """
         t, g = self.table, self.geometry
         frames, nxt = t.num_frames(slots), t.next_chunk[slots]
-        base = g.skip + (g.first_frames or g.frames_per_chunk) + g.lookahead
+        draining = t.state[slots] == SlotState.DRAINING
+        ahead = np.where(draining, g.final_lookahead, g.lookahead)  # a codec that pads the end needs none at it
+        base = g.skip + (g.first_frames or g.frames_per_chunk) + ahead
         full = np.maximum((frames - base) // g.frames_per_chunk + 1 - nxt, 0)
         start, _ = g.emitted(nxt + full)
-        short = (t.state[slots] == SlotState.DRAINING) & (frames - g.lookahead > start)
+        short = draining & (frames - g.final_lookahead > start)
         count = full + short
         if self.meta.stateful_codec:
             count = np.minimum(count, 1)
-        no_more = (t.state[slots] == SlotState.DRAINING) & (count == full + short)
+        no_more = draining & (count == full + short)
         return count, no_more
 
     def _take_chunks(self, slots: np.ndarray, take: np.ndarray, all_taken: np.ndarray,
@@ -268,11 +270,13 @@ class Scheduler:
         index = np.repeat(nxt, take) + offsets
         start, full_end = g.emitted(index)
         frames = np.repeat(t.num_frames(slots), take)
-        end = np.where(frames >= full_end + g.lookahead, full_end, frames - g.lookahead)  # a short final chunk
+        # a full chunk with its lookahead, else a final one: short, or full without lookahead (codec_pads_end)
+        end = np.where(frames >= full_end + g.lookahead, full_end, np.minimum(full_end, frames - g.final_lookahead))
         last_row = offsets == np.repeat(take, take) - 1
         t.set_next_chunk(slots, nxt + take)
-        return {"chunk_index": index, "first_frame": start - g.lookback, "window_end": end + g.lookahead,
-                "num_frames": end - start, "is_last": last_row & np.repeat(all_taken & no_more, take)}
+        return {"chunk_index": index, "first_frame": start - g.lookback,
+                "window_end": np.minimum(end + g.lookahead, frames), "num_frames": end - start,
+                "is_last": last_row & np.repeat(all_taken & no_more, take)}
 
     @property
     def num_planned_chunks(self) -> int:

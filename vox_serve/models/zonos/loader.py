@@ -8,17 +8,19 @@ column(s) at -inf when guided (`sampling.guided_logits`), as the reference's loa
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from vox_serve.codecs.dac.decoder import DAC_44KHZ, DacConfig, DacDecoder, load_dac
 from vox_serve.models.zonos.config import ZONOS_TRANSFORMER_CONFIG, ZonosConfig
 from vox_serve.models.zonos.lm import ZonosLM
 from vox_serve.models.zonos.program import ZonosProgram, zonos_meta
 from vox_serve.models.zonos.prompt import ZonosPrompter
-from vox_serve.models.zonos.speaker import load_speaker_model
+from vox_serve.models.zonos.speaker import SpeakerNetwork, ZonosSpeakerModel, load_speaker_model
 from vox_serve.rt.checkpoint import (
     CheckpointError,
     init_random,
@@ -60,16 +62,35 @@ ZONOS_TINY_CONFIG: dict[str, Any] = {
 DAC_TINY = DacConfig(encoder_hidden_size=4, decoder_hidden_size=32)
 ZONOS_ID, DAC_ID = "Zyphra/Zonos-v0.1-transformer", "descript/dac_44khz"
 SPEAKER_ID = "Zyphra/Zonos-v0.1-speaker-embedding"
+DUMMY_DAC_GAIN = 0.8
+SPEAKER_DIM = 128  # the LDA output: the LM's speaker conditioner input
+SPEAKER_TINY, SPEAKER_RELEASE = (4, (1, 1, 1, 1), 32), (64, (10, 20, 64, 3), 256)  # width, blocks, embedding
 
 
 def dummy_dac(cfg: DacConfig, device: torch.device, dtype: torch.dtype, seed: int) -> DacDecoder:
+    """Random DAC weights scaled by fan-in (gain 0.8: audible, unclipped output of std ~0.07 at both sizes;
+    init_random's N(0, 0.02) decodes to silence), Snake alphas 1, biases 0."""
     dac = DacDecoder(cfg)
-    init_random(dac, seed)
-    with torch.no_grad():  # Snake alphas near 1 (init_random draws them near 0: 1/alpha would blow up)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
         for name, p in dac.named_parameters():
-            if name.endswith("alpha"):
-                p.fill_(1.0)
+            if name.endswith("alpha") or p.dim() == 1:
+                p.fill_(1.0 if name.endswith("alpha") else 0.0)
+                continue
+            fan_in = p.shape[0] * p.shape[2] if "conv_t" in name else p[0].numel()  # ConvTranspose: [in, out, k]
+            p.copy_(torch.randn(p.shape, generator=gen) * DUMMY_DAC_GAIN / math.sqrt(fan_in))
     return dac.to(device=device, dtype=dtype).eval()
+
+
+def dummy_speaker(width: int, blocks: tuple[int, ...], embed_dim: int, device: torch.device,
+                  seed: int) -> ZonosSpeakerModel:
+    """A random speaker model (float32, as the reference runs it): uploads and saved voices work with dummy
+    weights, giving a speaker vector of the LM's width that depends on the clip."""
+    network = SpeakerNetwork(width, blocks, embed_dim)
+    init_random(network, seed, std=0.1)
+    lda = nn.Linear(embed_dim, SPEAKER_DIM)
+    init_random(lda, seed + 1, std=0.1)
+    return ZonosSpeakerModel(network, lda).to(device).eval()
 
 
 def _find(what: str, given: str | None, default_id: str) -> Path:
@@ -93,6 +114,7 @@ def load_zonos(name: str, load_format: str, device: torch.device, dtype: torch.d
         config = ZONOS_TINY_CONFIG if tiny else ZONOS_TRANSFORMER_CONFIG
         lm = load_zonos_lm(None, device, dtype, seed=seed, config=config)
         dac = dummy_dac(DAC_TINY if tiny else DAC_44KHZ, device, dtype, seed + 1)
+        speaker = dummy_speaker(*(SPEAKER_TINY if tiny else SPEAKER_RELEASE), device, seed + 2)
     else:
         model_dir = _find("Zonos checkpoint", None if name == "zonos" else name, ZONOS_ID)
         lm = load_zonos_lm(model_dir, device, dtype)

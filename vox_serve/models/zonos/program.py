@@ -45,6 +45,7 @@ from vox_serve.models.zonos.prompt import DELAY_STEPS, ZonosPrompter
 from vox_serve.rt.codec_window import CodecWindow
 from vox_serve.rt.lm_batch import LmBatch, LmSample
 from vox_serve.rt.program import Program
+from vox_serve.voice_prompt import VoicePrompt
 
 SAMPLE_RATE = 44100
 HOP = 512
@@ -67,10 +68,12 @@ def zonos_meta(name: str, max_model_len: int, d_model: int) -> ProgramMeta:
         codec_lookback_frames=CODEC_CONTEXT_FRAMES, codec_lookahead_frames=CODEC_CONTEXT_FRAMES, skip_leading_frames=0,
         max_model_len=max_model_len, max_text_chars=1000,
         stop_rule=StopRule(token=EOS_ID, column=0, description=STOP_DESCRIPTION), default_sampling=defaults,
-        accepted_fields=ZONOS_FIELDS, languages=phonemes.LANGUAGES,
+        accepted_fields=ZONOS_FIELDS, codec_pads_end=True,
+        languages=tuple(code for code in phonemes.LANGUAGES if code not in phonemes.UNSUPPORTED_LANGUAGES),
         layout=ProgramLayout(prompt_vector_dim=d_model, kv_streams=2, slot_fields=(
             SlotField("cfg_scale", (1,)), SlotField("unified", (3,)), SlotField("num_frames", (1,)))),
-        extra={"input_layout": "columns 0..8: delayed codebooks 0..8 (-1 absent: prefix rows)",
+        extra={"unsupported_languages": dict(phonemes.UNSUPPORTED_LANGUAGES),
+               "input_layout": "columns 0..8: delayed codebooks 0..8 (-1 absent: prefix rows)",
                "streams": ["conditional prefix", "unconditional prefix (phonemes only)"],
                "max_tokens": "LM steps: at most max_tokens - 8 frames (86.13 frames per second)"},
     )
@@ -110,6 +113,9 @@ class ZonosProgram(Program):
     # ---- prompts -------------------------------------------------------------------------
     def preprocess(self, fields: dict[str, Any]) -> Prompt:
         return self.prompter.prompt(fields, self.meta.default_sampling["max_tokens"])
+
+    def encode_voice(self, audio: bytes, ref_text: str | None) -> VoicePrompt:
+        return self.prompter.encode_voice(audio, ref_text)
 
     # ---- LM stage ------------------------------------------------------------------------
     def embed(self, ids: Tensor) -> Tensor:

@@ -4,6 +4,7 @@ Runs in `preprocess` (in the replica's prompt pool, off the engine loop): phonem
 on an uploaded clip, and the prefix conditioner (a few dozen rows). The prompt is the L prefix positions
 (ids all absent, vectors = conditional | unconditional row) and delayed column 0 (all mask); the slot
 fields are `cfg_scale`, the unified sampler's (linear, conf, quad) and `num_frames` (max_tokens - 8).
+Field types and ranges are checked before, at the edge (`request_builder.normalise_fields`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from vox_serve.models.zonos.config import MASK_ID, NUM_CODEBOOKS
 from vox_serve.models.zonos.lm import ZonosLM
 from vox_serve.models.zonos.speaker import ZonosSpeakerModel
 from vox_serve.request_builder import FieldError
+from vox_serve.voice_prompt import SAVED_VOICE_FIELD, VoicePrompt
 
 DELAY_STEPS = NUM_CODEBOOKS - 1  # rows between a frame's codebook 0 and its codebook 8
 MAX_SPEAKER_SECONDS = 60.0
-SCALARS = {"fmax": (0.0, 24000.0), "pitch_std": (0.0, 400.0), "speaking_rate": (0.0, 40.0)}
+SCALARS = ("fmax", "pitch_std", "speaking_rate")  # ranges: request_builder.MODEL_FIELD_BOUNDS
 DEFAULTS = {"cfg_scale": 2.0, "linear": 0.0, "conf": 0.0, "quad": 0.0, "language": "en-us"}
 
 
@@ -39,32 +41,29 @@ def prefix_prompt(pair: torch.Tensor, *, cfg_scale: float, num_frames: int,
                      {"cfg_scale": [cfg_scale], "unified": list(unified), "num_frames": [num_frames]})
 
 
-def _float(fields: dict[str, Any], name: str, lo: float, hi: float) -> float | None:
-    value = fields.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-        raise FieldError(name, f"must be a number in [{lo:g}, {hi:g}]")
-    return float(value)
-
-
-def emotion(value: Any) -> list[float]:
-    """The 8 emotion weights (happiness, sadness, disgust, fear, surprise, anger, other, neutral)."""
-    if (not isinstance(value, list | tuple) or len(value) != 8
-            or not all(isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1 for v in value)
-            or not sum(value) > 0):
-        raise FieldError("emotion", "must be 8 numbers in [0, 1] with a positive sum (happiness, sadness, disgust, "
-                                    "fear, surprise, anger, other, neutral)")
-    return [float(v) for v in value]
+def _emotion(value: list[float]) -> list[float]:
+    if not sum(value) > 0:
+        raise FieldError("emotion", "needs a positive sum (the weights are normalised to sum 1)")
+    return value
 
 
 class ZonosPrompter:
     def __init__(self, lm: ZonosLM, speaker: ZonosSpeakerModel | None) -> None:
         self.lm, self.speaker = lm, speaker
+        spec = lm.cfg.conditioner("speaker")
+        self.speaker_dim = (spec.cond_dim or lm.cfg.d_model) if spec is not None else 0
 
     def speaker_vector(self, fields: dict[str, Any]) -> list[float] | None:
-        """The 128-d speaker input from an uploaded clip (`audio`), or None (the learned unconditional one)."""
-        clip = fields.get("audio")
+        """The 128-d speaker input: a saved voice's, or the speaker model's on an uploaded clip (`audio`);
+        None without either (the learned unconditional speaker)."""
+        saved, clip = fields.get(SAVED_VOICE_FIELD), fields.get("audio")
+        if saved is not None:
+            if clip is not None:
+                raise FieldError("audio", "a saved voice brings its own speaker embedding; send one of them")
+            if len(saved.speaker) != self.speaker_dim:
+                raise FieldError("voice", f"the saved voice was made by another model (speaker embedding of "
+                                          f"{len(saved.speaker)} values, this model takes {self.speaker_dim})")
+            return list(saved.speaker)
         if clip is None:
             return None
         if self.speaker is None:
@@ -75,6 +74,13 @@ class ZonosPrompter:
             raise FieldError("audio", str(exc)) from exc
         return self.speaker.speaker_vector(torch.from_numpy(samples), rate).tolist()
 
+    def encode_voice(self, clip: bytes, ref_text: str | None) -> VoicePrompt:
+        """A saved voice: the clip's speaker embedding (Zonos conditions on the embedding only)."""
+        if ref_text:
+            raise FieldError("ref_text", "Zonos takes a voice from the clip's speaker embedding only, without "
+                                         "a transcript")
+        return VoicePrompt(self.speaker_vector({"audio": clip}))
+
     def prompt(self, fields: dict[str, Any], default_max_tokens: int) -> Prompt:
         language = fields.get("language") or DEFAULTS["language"]
         try:
@@ -82,12 +88,10 @@ class ZonosPrompter:
             language_id = phonemes.language_id(language)
         except ValueError as exc:
             raise FieldError("language", str(exc)) from exc
-        values: dict[str, Any] = {name: v for name, (lo, hi) in SCALARS.items()
-                                  if (v := _float(fields, name, lo, hi)) is not None}
-        if fields.get("emotion") is not None:
-            values["emotion"] = emotion(fields["emotion"])
+        values: dict[str, Any] = {name: fields[name] for name in SCALARS if name in fields}
+        if "emotion" in fields:
+            values["emotion"] = _emotion(fields["emotion"])
         values["speaker"] = self.speaker_vector(fields)
-        cfg_scale = _float(fields, "cfg_scale", 0.0, 10.0)
         max_tokens = int(fields.get("max_tokens", default_max_tokens))
         if max_tokens <= DELAY_STEPS:
             raise FieldError("max_tokens", f"must be > {DELAY_STEPS}: Zonos counts LM steps, and its first frame "
@@ -95,6 +99,6 @@ class ZonosPrompter:
         inputs = condition_inputs(self.lm.cfg, ids, language_id, values=values)
         with torch.inference_mode():
             pair = self.lm.prefix_conditioner.guidance_pair(inputs)
-        unified = tuple(_float(fields, k, 0.0, 10.0) or 0.0 for k in ("linear", "conf", "quad"))
-        return prefix_prompt(pair, cfg_scale=DEFAULTS["cfg_scale"] if cfg_scale is None else cfg_scale,
+        unified = tuple(float(fields.get(k, DEFAULTS[k])) for k in ("linear", "conf", "quad"))
+        return prefix_prompt(pair, cfg_scale=float(fields.get("cfg_scale", DEFAULTS["cfg_scale"])),
                              num_frames=max_tokens - DELAY_STEPS, unified=unified)

@@ -1,0 +1,68 @@
+"""Zonos over HTTP: a real server process (zonos-tiny on CPU) and a real client: its fields in JSON and in
+multipart forms (a speaker clip upload), errors naming the field, GET /info and the OpenAPI document."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import soundfile as sf
+from http_harness import Server, error_of, generate, parse_wav, running_server
+
+from vox_serve.models.zonos import phonemes
+
+pytestmark = pytest.mark.skipif(phonemes.espeak_available() is not None, reason="espeak-ng unavailable")
+HOP = 512
+FIELDS = {"max_tokens": 24, "ignore_eos": True, "emotion": [0.2, 0, 0, 0, 0, 0, 0.3, 0.5], "cfg_scale": 2.5,
+          "speaking_rate": 14.0, "language": "en-us"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running_server(tmp_path_factory.mktemp("zonos-http"), "--model", "zonos-tiny", "--greedy") as srv:
+        yield srv
+
+
+def _clip() -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(np.arange(16000) * 0.07)).astype(np.float32), 16000, format="WAV")
+    return buf.getvalue()
+
+
+def test_generate_with_zonos_fields(server: Server) -> None:
+    for streaming in (True, False):
+        response = generate(server, text="Hello there.", streaming=streaming, **FIELDS)
+        assert response.status_code == 200, response.text
+        wav = parse_wav(response.content)
+        assert wav.sample_rate == 44100 and len(wav.pcm) == 2 * (FIELDS["max_tokens"] - 8) * HOP
+
+
+def test_speaker_clip_upload_changes_the_voice(server: Server) -> None:
+    form = {k: json.dumps(v) if isinstance(v, bool) else ",".join(map(str, v)) if isinstance(v, list) else str(v)
+            for k, v in FIELDS.items()}
+    plain = server.client.post("/generate", data={"text": "Hello there.", **form})
+    cloned = server.client.post("/generate", data={"text": "Hello there.", **form},
+                                files={"audio": ("ref.wav", _clip(), "audio/wav")})
+    assert plain.status_code == cloned.status_code == 200, cloned.text
+    assert len(plain.content) == len(cloned.content) and plain.content != cloned.content
+
+
+@pytest.mark.parametrize("fields,field", [({"language": "ja"}, "language"), ({"emotion": [1.0] * 3}, "emotion"),
+                                          ({"cfg_scale": 0}, "cfg_scale"), ({"max_tokens": 4}, "max_tokens")])
+def test_bad_fields_name_the_field(server: Server, fields: dict, field: str) -> None:
+    response = generate(server, text="Hello.", **fields)
+    assert response.status_code == 422 and error_of(response)["field"] == field, response.text
+
+
+def test_info_and_openapi_list_the_fields(server: Server) -> None:
+    info = server.client.get("/info").json()
+    assert info["sample_rate"] == 44100 and info["supports_reference_audio"]
+    assert {"emotion", "cfg_scale", "fmax", "pitch_std", "speaking_rate", "language"} <= set(info["accepted_fields"])
+    assert "ja" not in info["languages"] and info["default_sampling"]["min_p"] == 0.1
+    doc = server.client.get("/openapi.json").json()
+    body = doc["paths"]["/generate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    props = body["properties"] if "properties" in body else doc["components"]["schemas"][body["$ref"].split("/")[-1]]["properties"]
+    assert props["emotion"]["maxItems"] == 8 and props["cfg_scale"]["maximum"] == 10
