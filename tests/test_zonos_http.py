@@ -64,5 +64,7 @@ def test_info_and_openapi_list_the_fields(server: Server) -> None:
     assert "ja" not in info["languages"] and info["default_sampling"]["min_p"] == 0.1
     doc = server.client.get("/openapi.json").json()
     body = doc["paths"]["/generate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    props = body["properties"] if "properties" in body else doc["components"]["schemas"][body["$ref"].split("/")[-1]]["properties"]
+    if "$ref" in body:
+        body = doc["components"]["schemas"][body["$ref"].split("/")[-1]]
+    props = body["properties"]
     assert props["emotion"]["maxItems"] == 8 and props["cfg_scale"]["maximum"] == 10
