@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from tests.engine_helpers import make_loop, prepare
 from tests.zonos_helpers import FIXTURES
-from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
+from vox_serve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, VoxConfig
 from vox_serve.core.request import Request, SamplingParams
 from vox_serve.models.zonos.loader import DAC_TINY, dummy_dac, load_zonos_lm
 from vox_serve.models.zonos.program import ZonosProgram, zonos_meta
@@ -25,22 +25,23 @@ from vox_serve.models.zonos.prompt import DELAY_STEPS, ZonosPrompter, prefix_pro
 
 SCENARIOS = json.loads((FIXTURES / "scenarios.json").read_text())
 SERVED = ("greedy", "greedy_short", "max_tokens")  # the scenarios without an audio prefix
-CPU = torch.device("cpu")
 
 
-def config(**scheduler: Any) -> VoxConfig:
+def config(device: str = "cpu", engine: EngineConfig | None = None, **scheduler: Any) -> VoxConfig:
     cache = scheduler.pop("cache", CacheConfig(page_size=4, max_num_pages=256))
     sched = {"max_batch_size": 4, "max_prefill_tokens": 128, "max_codec_batch": 4, "detokenize_interval": 4,
              **scheduler}
-    return VoxConfig(model=ModelConfig(model="zonos-fixture", device="cpu"), cache=cache,
-                     scheduler=SchedulerConfig(**sched))
+    return VoxConfig(model=ModelConfig(model="zonos-fixture", device=device), cache=cache,
+                     scheduler=SchedulerConfig(**sched), engine=engine or EngineConfig())
 
 
 def fixture_program(cfg: VoxConfig) -> ZonosProgram:
-    lm = load_zonos_lm(FIXTURES / "checkpoint", CPU, torch.float32)
-    dac = dummy_dac(DAC_TINY, CPU, torch.float32, seed=1)
+    """The fixture checkpoint in float32 on the config's device, with a tiny random DAC."""
+    dev = torch.device(cfg.model.device)
+    lm = load_zonos_lm(FIXTURES / "checkpoint", dev, torch.float32)
+    dac = dummy_dac(DAC_TINY, dev, torch.float32, seed=1)
     program = ZonosProgram(lm, dac, ZonosPrompter(lm, None), zonos_meta("zonos-fixture", 256, lm.cfg.d_model),
-                           CPU, torch.float32)
+                           dev, torch.float32)
     return prepare(program, cfg)
 
 
