@@ -148,14 +148,14 @@ def startup_report(engine: Engine) -> str:
     """Where the memory went and how many tokens fit: printed once at start-up."""
     p, lim, m = engine.program, engine.limits, engine.memory
     mib = 2**20
-    graphs = engine.graphs
+    graphs, streams = engine.graphs, lim.kv_streams
     return (
         f"model {p.meta.name} on {p.device} ({str(p.dtype).removeprefix('torch.')}): weights "
         f"{m['weights_bytes'] / mib:.0f} MiB, request state {m['state_bytes'] / mib:.0f} MiB ({lim.slots} slots), "
         f"arenas {m['arena_bytes'] / mib:.1f} MiB,"
         f" activation peak {m['activation_peak_bytes'] / mib:.0f} MiB, KV cache {m['kv_bytes'] / mib:.0f} MiB "
-        f"({lim.num_pages - 1} pages of {lim.page_size} tokens = {(lim.num_pages - 1) * lim.page_size} concurrent "
-        f"tokens), attention {p.attention.name}, "
+        f"({lim.num_pages - 1} pages of {lim.page_size} tokens = {(lim.num_pages - 1) * lim.page_size // streams} "
+        f"concurrent tokens{f' of {streams} KV streams each' if streams > 1 else ''}), attention {p.attention.name}, "
         + (f"{len(graphs.graphs)} CUDA graphs {graphs.memory_bytes / mib:.0f} MiB" if graphs else "eager stages")
     )
 
