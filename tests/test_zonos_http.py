@@ -3,6 +3,7 @@ multipart forms (a speaker clip upload), errors naming the field, GET /info and 
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from collections.abc import Iterator
@@ -22,7 +23,9 @@ FIELDS = {"max_tokens": 24, "ignore_eos": True, "emotion": [0.2, 0, 0, 0, 0, 0, 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with running_server(tmp_path_factory.mktemp("zonos-http"), "--model", "zonos-tiny", "--greedy") as srv:
+    data_dir = tmp_path_factory.mktemp("zonos-voices")
+    with running_server(tmp_path_factory.mktemp("zonos-http"), "--model", "zonos-tiny", "--greedy",
+                        "--data-dir", str(data_dir)) as srv:
         yield srv
 
 
@@ -48,6 +51,21 @@ def test_speaker_clip_upload_changes_the_voice(server: Server) -> None:
                                 files={"audio": ("ref.wav", _clip(), "audio/wav")})
     assert plain.status_code == cloned.status_code == 200, cloned.text
     assert len(plain.content) == len(cloned.content) and plain.content != cloned.content
+
+
+def test_a_saved_voice_speaks_as_its_clip(server: Server) -> None:
+    """POST /v1/audio/voices keeps the clip's speaker embedding; `voice` then gives the upload's audio."""
+    saved = server.client.post("/v1/audio/voices", data={"name": "zed"}, files={"audio": ("ref.wav", _clip())})
+    assert saved.status_code == 200, saved.text
+    assert saved.json()["mode"] == "x_vector"
+    body = {"text": "Hello there.", "streaming": False, **FIELDS}
+    by_name = generate(server, voice="zed", **body)
+    uploaded = server.client.post("/generate", json={**body, "audio": base64.b64encode(_clip()).decode()})
+    assert by_name.status_code == uploaded.status_code == 200, by_name.text
+    assert by_name.content == uploaded.content
+    refused = server.client.post("/v1/audio/voices", data={"name": "amy", "ref_text": "A clip."},
+                                 files={"audio": ("ref.wav", _clip())})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "ref_text", refused.text
 
 
 @pytest.mark.parametrize("fields,field", [({"language": "ja"}, "language"), ({"emotion": [1.0] * 3}, "emotion"),
