@@ -25,7 +25,10 @@ Codec: DAC 44.1 kHz (hop 512, not causal) on windows of lookback + chunk + looka
 [0, window_end) are masked as a one-shot decode's zero padding, so with 10 frames each side the joined
 chunks equal the one-shot decode to float rounding (`codecs/dac/stream.py`).
 
-Sampling draws use the request's seed at offset g (codebook k: stream g * 9 + k), as `sampling.py` states.
+Sampling draws use the request's seed at offset g (codebook k: stream g * 9 + k), as `sampling.py` states;
+the engine's `top_p` 1 (off) is the reference's 0 (off). Where we differ from the reference: no audio-prefix
+continuation (the reference's `audio_prefix_codes`), and a `cfg_scale` of 1 (which upstream refuses)
+samples the conditional logits alone.
 """
 
 from __future__ import annotations
