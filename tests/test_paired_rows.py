@@ -18,6 +18,7 @@ from vox_serve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerCo
 from vox_serve.core.page_pool import OutOfPages, PagePool
 from vox_serve.core.request import Request, SamplingParams
 from vox_serve.rt.attention import flashinfer_available
+from vox_serve.scheduler.base import Scheduler
 
 STEPS = 10
 PAGE = 4
@@ -67,13 +68,17 @@ def test_paired_rows_equal_the_reference(policy: str, async_scheduling: bool) ->
     _check(*_serve(config, async_scheduling=async_scheduling))
 
 
-def test_chunked_prompts_and_preemption() -> None:
+def test_chunked_prompts_and_preemption(monkeypatch) -> None:
     """Prompts longer than a prefill launch are computed in chunks (vectors in later chunks included), and a
     KV cache too small for all requests preempts them: each recomputes both streams from its history."""
+    preempted = []
+    preempt = Scheduler._preempt
+    monkeypatch.setattr(Scheduler, "_preempt", lambda self, req: (preempted.append(req.req_id), preempt(self, req)))
     config = dataclasses.replace(CONFIG, cache=CacheConfig(page_size=PAGE, max_num_pages=16),
                                  scheduler=dataclasses.replace(CONFIG.scheduler, max_prefill_tokens=8))
     program, reqs = _serve(config)
     _check(program, reqs)
+    assert preempted
 
 
 def test_each_stream_has_its_own_pages() -> None:

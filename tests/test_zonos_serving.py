@@ -32,6 +32,7 @@ from vox_serve.config import CacheConfig
 from vox_serve.core.request import Request, SamplingParams
 from vox_serve.models.zonos import sampling
 from vox_serve.models.zonos.prompt import DELAY_STEPS, prefix_prompt
+from vox_serve.scheduler.base import Scheduler
 
 PCM_TOL = 2.0
 
@@ -63,13 +64,17 @@ def test_served_codes_equal_upstream(fixtures, policy: str, async_scheduling: bo
     _check_fixtures(serve(program, cfg, reqs, async_scheduling=async_scheduling), fixtures)
 
 
-def test_chunked_prefixes_and_preemption(fixtures) -> None:
+def test_chunked_prefixes_and_preemption(fixtures, monkeypatch) -> None:
     """Prefixes longer than a prefill launch go in chunks; a KV cache too small for every request preempts
     and recomputes both streams from the history (the stop state stays in the slot)."""
+    preempted = []
+    preempt = Scheduler._preempt
+    monkeypatch.setattr(Scheduler, "_preempt", lambda self, req: (preempted.append(req.req_id), preempt(self, req)))
     cfg = config(max_prefill_tokens=8, cache=CacheConfig(page_size=4, max_num_pages=40))
     program = fixture_program(cfg)
     reqs = [scenario_request(n, fixtures[f"{n}.conditioning"], f"{n}#{i}") for i in range(2) for n in SERVED]
     _check_fixtures(serve(program, cfg, reqs), fixtures)
+    assert preempted
 
 
 def test_sampled_rows_equal_the_reference_loop(fixtures) -> None:
