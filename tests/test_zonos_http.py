@@ -86,3 +86,12 @@ def test_info_and_openapi_list_the_fields(server: Server) -> None:
         body = doc["components"]["schemas"][body["$ref"].split("/")[-1]]
     props = body["properties"]
     assert props["emotion"]["maxItems"] == 8 and props["cfg_scale"]["maximum"] == 10
+
+
+def test_openai_speech_route(server: Server) -> None:
+    """/v1/audio/speech takes Zonos without a voice (the unconditional speaker) or with a saved one."""
+    body = {"model": "zonos-tiny", "input": "Hello there.", "response_format": "wav"}
+    plain = server.client.post("/v1/audio/speech", json=body)
+    assert plain.status_code == 200 and parse_wav(plain.content).sample_rate == 44100, plain.text
+    unknown = server.client.post("/v1/audio/speech", json={**body, "voice": "alloy"})
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "voice"
