@@ -9,6 +9,7 @@ import time
 import pytest
 
 from vox_serve import ipc
+from vox_serve.api.errors import ApiError
 from vox_serve.api.replicas import (
     HEARTBEAT_TIMEOUT_S,
     MAX_UNREAD_AUDIO_BYTES,
@@ -18,7 +19,6 @@ from vox_serve.api.replicas import (
     ReplicaState,
     Session,
 )
-from vox_serve.api.errors import ApiError
 from vox_serve.config import VoxConfig
 
 
