@@ -12,6 +12,7 @@ pub mod cuda;
 pub mod models;
 pub mod planner;
 mod python;
+pub mod sched;
 pub mod tokenizer;
 
 use pyo3::prelude::*;
