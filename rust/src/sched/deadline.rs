@@ -2,7 +2,6 @@
 //! audio, tokens and admissions; admissions deferred, for at most a limit, while running streams
 //! are about to underrun. That module's docstring states every rule; the constants are its.
 
-use std::collections::HashMap;
 
 use super::base::Scheduler;
 use super::codec::Why;

@@ -1,0 +1,103 @@
+//! `_rt.serve(config_json)`: the entry point vox_serve/launch.py calls for `--runtime rust`.
+//!
+//! The engine is built in this interpreter (vox_serve/rt/rust_host.py calls
+//! `vox_serve.engine.build_engine`), then a scheduler thread serves it from its spec: the Rust
+//! scheduler plans, the engine driver writes and launches, and the calling thread waits with the
+//! GIL released. This build serves bench mode (`--bench-requests N`); serving over HTTP is the
+//! next issue.
+
+use std::path::PathBuf;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use serde_json::Value;
+
+use crate::driver::{EngineSpec, EngineWorker};
+use crate::sched::engine_loop::EngineLoop;
+use crate::sched::trace::Tracer;
+use crate::sched::{Clock, Request, Scheduler, SchedulerConfig};
+use crate::serve::bench::{self, Outcome};
+use crate::serve::cuda_launcher::CudaLauncher;
+use crate::serve::py_launcher::{PyHandles, PyLauncher};
+use crate::serve::requests;
+
+pub const HTTP_NEXT_ISSUE: &str = "the Rust runtime serves bench mode (--bench-requests N) in this build; serving \
+                                   over HTTP comes with the Rust HTTP server (the next issue): serve with --runtime python";
+
+fn value_err(e: String) -> PyErr {
+    PyValueError::new_err(e)
+}
+
+fn section<'a>(config: &'a Value, name: &str) -> PyResult<&'a Value> {
+    config.get(name).ok_or_else(|| value_err(format!("config.{name} is missing")))
+}
+
+/// Run the requests on a scheduler thread of their own; the caller waits without the GIL.
+fn run_on_thread<W: crate::sched::engine_loop::Worker + Send + 'static>(
+    py: Python, mut lp: EngineLoop<W>, reqs: Vec<Request>) -> PyResult<(Vec<Outcome>, f64)> {
+    let thread = std::thread::Builder::new().name("vox-scheduler-0".into())
+        .spawn(move || bench::run(&mut lp, reqs)).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    py.allow_threads(move || thread.join()).map_err(|_| PyRuntimeError::new_err("the scheduler thread panicked"))
+}
+
+fn tracer(sched: &SchedulerConfig) -> PyResult<Option<Tracer>> {
+    match &sched.trace_dir {
+        None => Ok(None),
+        Some(dir) => Tracer::to_dir(std::path::Path::new(dir)).map(Some).map_err(value_err),
+    }
+}
+
+/// Serve `config` (VoxConfig.to_dict() as JSON); returns the process's exit status.
+#[pyfunction]
+fn serve(py: Python, config_json: &str) -> PyResult<i32> {
+    let config: Value = serde_json::from_str(config_json).map_err(|e| value_err(format!("config: {e}")))?;
+    let bench_cfg = section(&config, "bench")?;
+    let num_requests = bench_cfg.get("num_requests").and_then(Value::as_i64).unwrap_or(0);
+    if num_requests <= 0 {
+        return Err(PyRuntimeError::new_err(HTTP_NEXT_ISSUE));
+    }
+    let sched = SchedulerConfig::from_json(section(&config, "scheduler")?).map_err(value_err)?;
+    let host = py.import("vox_serve.rt.rust_host")?;
+    let spec_json: String = host.call_method1("build_engine_spec", (config_json,))?.extract()?;
+    let spec_value: Value = serde_json::from_str(&spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
+    let spec = EngineSpec::from_json(&spec_value).map_err(value_err)?;
+    let reqs = match host.call_method1("bench_requests", (spec.engine_id, config_json)) {
+        Ok(data) => {
+            let text: String = data.extract()?;
+            let items: Value = serde_json::from_str(&text).map_err(|e| value_err(format!("requests: {e}")))?;
+            items.as_array().ok_or_else(|| value_err("requests: not a list".into()))?.iter()
+                .map(requests::request).collect::<Result<Vec<_>, _>>().map_err(value_err)?
+        }
+        Err(e) => {
+            let message: Option<String> = host.call_method1("field_error_message", (e.value(py),))?.extract()?;
+            return match message {
+                Some(m) => {
+                    eprintln!("vox-serve: error: --bench-kwargs/--bench-text: {m}");
+                    Ok(2)
+                }
+                None => Err(e),
+            };
+        }
+    };
+    let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched.clone(), Clock::Monotonic);
+    let trace = tracer(&sched)?;
+    let (outcomes, wall) = if spec.on_cuda() {
+        let stream: u64 = host.call_method1("launch_stream", (spec.device.as_str(),))?.extract()?;
+        let handles = PyHandles::new(py, host, &spec, Some(stream))?;
+        let launcher = CudaLauncher::new(&spec, stream, handles, trace.is_some()).map_err(value_err)?;
+        let worker = EngineWorker::new(&spec, launcher).map_err(value_err)?;
+        run_on_thread(py, EngineLoop::new(scheduler, worker, trace), reqs)?
+    } else {
+        let launcher = PyLauncher { handles: PyHandles::new(py, host, &spec, None)? };
+        let worker = EngineWorker::new(&spec, launcher).map_err(value_err)?;
+        run_on_thread(py, EngineLoop::new(scheduler, worker, trace), reqs)?
+    };
+    let out_dir = bench_cfg.get("out_dir").and_then(Value::as_str).map(PathBuf::from);
+    bench::report(&outcomes, wall, spec.meta.sample_rate, out_dir.as_deref()).map_err(value_err)
+}
+
+pub fn register(m: &PyModule) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(serve, m)?)?;
+    m.add("HTTP_NEXT_ISSUE", HTTP_NEXT_ISSUE)?;
+    Ok(())
+}
