@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from vox_serve.audio import write_wav
 from vox_serve.config import VoxConfig
@@ -55,6 +56,14 @@ def build_loop(config: VoxConfig, progress: Progress | None = None, record: bool
     return EngineLoop(scheduler, worker, nvtx=config.engine.enable_nvtx, record=record), program
 
 
+def bench_fields(config: VoxConfig) -> dict[str, Any]:
+    """Every bench request's fields: the text, --bench-kwargs, and --bench-audio's bytes as `audio`."""
+    fields: dict[str, Any] = {"text": config.bench.text, **config.bench.kwargs}
+    if config.bench.audio is not None:
+        fields["audio"] = Path(config.bench.audio).read_bytes()
+    return fields
+
+
 def run_bench(config: VoxConfig) -> int:
     t0 = time.perf_counter()
     set_cpu_threads(config)
@@ -68,7 +77,11 @@ def run_bench(config: VoxConfig) -> int:
         if pcm:
             audio[req.req_id].append(pcm)
 
-    fields = {"text": config.bench.text, **config.bench.kwargs}
+    try:
+        fields = bench_fields(config)
+    except OSError as exc:
+        print(f"vox-serve: error: --bench-audio: {exc}", file=sys.stderr)
+        return 2
     requests = []
     for i in range(config.bench.num_requests):
         req_id = f"bench-{i:03d}"

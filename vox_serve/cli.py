@@ -133,7 +133,7 @@ FLAGS: tuple[Flag, ...] = (
     _f("--bench-text", default=BenchConfig.text, help="text of each bench request"),
     _f("--bench-kwargs", default="{}",
        help='JSON request fields: voice, sampling overrides, max_tokens, ignore_eos, seed'),
-    _f("--bench-audio", default=None, implemented=False, help="reference audio file for bench requests"),
+    _f("--bench-audio", default=None, help="reference audio file sent as every bench request's `audio` (voice clones)"),
     _f("--greedy", action="store_true", help="greedy sampling: repeatable output"),
     _f("--trace-dir", default=None,
        help="write JSON lines of every stage launch's device time and every scheduling decision here"),
@@ -325,7 +325,8 @@ def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
             deadline_prefill_ms=v["deadline_prefill_ms"],
         ),
         engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"], v["enable_nvtx"]),
-        bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"]),
+        bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"],
+                          audio=v["bench_audio"]),
         server=ServerConfig(
             host=v["host"], port=v["port"], dp_size=v["dp_size"], request_timeout_s=v["request_timeout_s"],
             max_upload_mb=v["max_upload_mb"], header_timeout_s=v["header_timeout_s"],

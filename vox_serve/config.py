@@ -69,6 +69,7 @@ class BenchConfig:
     text: str = "Hello there! This is a short test of streaming speech synthesis."
     kwargs_json: str = "{}"  # kept as text so the config stays hashable and frozen
     greedy: bool = False
+    audio: str | None = None  # a reference audio file sent as every request's `audio` field (voice clones)
 
     @property
     def kwargs(self) -> dict[str, Any]:

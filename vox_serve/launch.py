@@ -15,8 +15,8 @@ RUST_NEXT_STEP = ("To build it, install a Rust toolchain (cargo) and the CUDA 12
                   "CUDA_HOME), then run `pip install -e .` again; or serve now with --runtime python")
 
 
-RUST_BENCH_ONLY = ("the Rust runtime extension vox_serve._rt serves bench mode (--bench-requests N) only in this build; "
-                   "serving over HTTP comes with its HTTP server")
+RUST_BENCH_ONLY = ("the Rust runtime extension vox_serve._rt serves bench mode (--bench-requests N) only in this "
+                   "build; serving over HTTP comes with its HTTP server")
 
 
 def rust_unavailable_reason(bench: bool = False) -> str | None:

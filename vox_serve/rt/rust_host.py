@@ -59,19 +59,22 @@ def _request_data(req: Request) -> dict[str, Any]:
 
 def bench_requests(engine_id: int, config_json: str) -> str:
     """Bench mode's requests (`bench-000` ...) as JSON, prompts built by the program; FieldError names a bad field."""
+    from vox_serve.bench import bench_fields
     from vox_serve.engine.registry import get_engine
 
     config = VoxConfig.from_dict(json.loads(config_json))
     program = get_engine(engine_id).program
-    fields = {"text": config.bench.text, **config.bench.kwargs}
+    fields = bench_fields(config)
     return json.dumps([_request_data(build_request(program.meta, program.preprocess, fields, f"bench-{i:03d}",
                                                    config.bench.greedy, seed=config.model.seed + i))
                        for i in range(config.bench.num_requests)])
 
 
 def field_error_message(exc: BaseException) -> str | None:
-    """The message of a bad request field (None for any other error)."""
-    return str(exc) if isinstance(exc, FieldError) else None
+    """The message of a bad request field or an unreadable --bench-audio (None for any other error)."""
+    if isinstance(exc, OSError):
+        return f"--bench-audio: {exc}"
+    return f"--bench-kwargs/--bench-text: {exc}" if isinstance(exc, FieldError) else None
 
 
 _STREAMS: list[Any] = []  # the launch streams handed to the Rust runtime stay alive with the process

@@ -72,7 +72,7 @@ fn serve(py: Python, config_json: &str) -> PyResult<i32> {
             let message: Option<String> = host.call_method1("field_error_message", (e.value(py),))?.extract()?;
             return match message {
                 Some(m) => {
-                    eprintln!("vox-serve: error: --bench-kwargs/--bench-text: {m}");
+                    eprintln!("vox-serve: error: {m}");
                     Ok(2)
                 }
                 None => Err(e),
