@@ -96,8 +96,34 @@ fn serve(py: Python, config_json: &str) -> PyResult<i32> {
     bench::report(&outcomes, wall, spec.meta.sample_rate, out_dir.as_deref()).map_err(value_err)
 }
 
+/// benchmark/host_cost.py `--runtime rust`: (seconds per step, decode rows, codec rows) of the Rust
+/// scheduler and driver over a built (null) engine's spec. `launcher`: "python" calls the spec's
+/// callables and planner through Python (the CPU path); "null" calls nothing (the host's own cost).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn host_cost(py: Python, spec_json: &str, scheduler_json: &str, launcher: &str, batch: usize, steps: usize,
+             prompt_len: usize, max_tokens: i64) -> PyResult<(f64, u64, u64)> {
+    use crate::serve::host_cost::{measure, NullLauncher, Workload};
+    let spec_value: Value = serde_json::from_str(spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
+    let spec = EngineSpec::from_json(&spec_value).map_err(value_err)?;
+    let sched_value: Value = serde_json::from_str(scheduler_json).map_err(|e| value_err(format!("scheduler: {e}")))?;
+    let sched = SchedulerConfig::from_json(&sched_value).map_err(value_err)?;
+    let load = Workload { batch, steps, prompt_len, max_tokens };
+    let cost = match launcher {
+        "null" => py.allow_threads(|| measure(&spec, sched, NullLauncher, &load)),
+        "python" => {
+            let host = py.import("vox_serve.rt.rust_host")?;
+            let launcher = PyLauncher { handles: PyHandles::new(py, host, &spec, None)? };
+            measure(&spec, sched, launcher, &load)
+        }
+        other => return Err(value_err(format!("launcher {other:?}: expected python or null"))),
+    }.map_err(PyRuntimeError::new_err)?;
+    Ok((cost.seconds_per_step, cost.decode_rows, cost.codec_rows))
+}
+
 pub fn register(m: &PyModule) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serve, m)?)?;
+    m.add_function(wrap_pyfunction!(host_cost, m)?)?;
     m.add("HTTP_NEXT_ISSUE", HTTP_NEXT_ISSUE)?;
     Ok(())
 }

@@ -375,7 +375,8 @@ impl Scheduler {
     }
 
     // ---- results -------------------------------------------------------------------------
-    pub fn update(&mut self, plan: &StepPlan, result: &StepResult) {
+    /// Apply a step's results; its PCM moves into the audio events (no copy).
+    pub fn update(&mut self, plan: &StepPlan, result: &mut StepResult) {
         let now = self.clock.now();
         if let Some(flight) = self.flights.remove(&plan.step_id) {
             let prefill_kinds = &result.prefill_kind;
@@ -385,7 +386,7 @@ impl Scheduler {
         }
         for (i, &key) in plan.codec.keys.iter().enumerate() {
             if self.get(key).is_some() {
-                self.on_audio(key, &result.pcm[i], now);
+                self.on_audio(key, std::mem::take(&mut result.pcm[i]), now);
             }
         }
         self.retire_drained();
@@ -437,7 +438,7 @@ impl Scheduler {
         }
     }
 
-    fn on_audio(&mut self, key: ReqKey, pcm: &[u8], now: f64) {
+    fn on_audio(&mut self, key: ReqKey, pcm: Vec<u8>, now: f64) {
         let stats = &mut self.req_mut(key).stats;
         if stats.first_audio.is_none() {
             stats.first_audio = Some(now);
@@ -445,7 +446,7 @@ impl Scheduler {
         let samples = (pcm.len() / 2) as i64;
         stats.num_audio_samples += samples;
         stats.last_chunk_samples = samples;
-        self.events.push(Event::Audio { key, pcm: pcm.to_vec() });
+        self.events.push(Event::Audio { key, pcm });
     }
 
     fn finish_generation(&mut self, key: ReqKey, reason: &str) {

@@ -55,11 +55,11 @@ impl<W: Worker> EngineLoop<W> {
         }
         let outcome = self.worker.launch(&plan).and_then(|handle| self.worker.collect(handle));
         match outcome {
-            Ok(result) => {
+            Ok(mut result) => {
                 if let Some(t) = self.tracer.as_mut() {
                     t.stages(&plan, &result);
                 }
-                self.scheduler.update(&plan, &result);
+                self.scheduler.update(&plan, &mut result);
             }
             Err(error) => {
                 eprintln!("vox-serve: step {} failed: {error}", plan.step_id);

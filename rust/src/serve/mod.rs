@@ -4,5 +4,6 @@
 
 pub mod bench;
 pub mod cuda_launcher;
+pub mod host_cost;
 pub mod py_launcher;
 pub mod requests;
