@@ -101,3 +101,29 @@ def test_serve_refuses_a_config_without_bench_requests(rt) -> None:
 
     with pytest.raises(RuntimeError, match="HTTP"):
         rt.serve(json.dumps(VoxConfig().to_dict()))
+
+
+def _decisions(trace_dir: Path) -> list[dict]:
+    """Every record but the header, without its times (what both runtimes must agree on)."""
+    (path,) = trace_dir.glob("*.jsonl")
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert records[0]["type"] == "header"
+    timeless = ("t", "plan_ms", "device_ms")
+    return [{k: v for k, v in r.items() if k not in timeless} for r in records[1:]]
+
+
+def test_rust_trace_matches_python_and_reads_in_trace_summary(rt, tmp_path: Path) -> None:
+    """--trace-dir: the Rust scheduler's decisions and launches are the Python scheduler's, record for
+    record, in the same shapes, and benchmark/trace_summary.py reads them."""
+    extra = ["--bench-kwargs", '{"max_tokens": 40, "ignore_eos": true}']
+    for runtime in ("python", "rust"):
+        proc = _bench(runtime, "orpheus-tiny", tmp_path / f"{runtime}-wav", *extra, "--trace-dir",
+                      str(tmp_path / runtime), requests=3)
+        assert proc.returncode == 0, proc.stderr
+    ours, theirs = _decisions(tmp_path / "rust"), _decisions(tmp_path / "python")
+    assert [r["type"] for r in ours].count("schedule") > 10
+    assert ours == theirs
+    summary = subprocess.run([sys.executable, "benchmark/trace_summary.py", str(tmp_path / "rust")],
+                             capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0, summary.stderr
+    assert "decode" in summary.stdout and "steps" in summary.stdout
