@@ -15,6 +15,7 @@ pub mod planner;
 mod python;
 pub mod sched;
 pub mod serve;
+pub mod sim;
 pub mod tokenizer;
 
 use pyo3::prelude::*;

@@ -121,7 +121,17 @@ fn host_cost(py: Python, spec_json: &str, scheduler_json: &str, launcher: &str, 
     Ok((cost.seconds_per_step, cost.decode_rows, cost.codec_rows))
 }
 
+/// A scenario (JSON: meta, limits, scheduler, costs, arrivals) through the Rust scheduler on the
+/// simulated engine; returns JSON: the trace records and each request as its client saw it.
+#[pyfunction]
+fn simulate(py: Python, scenario_json: &str) -> PyResult<String> {
+    let scenario: Value = serde_json::from_str(scenario_json).map_err(|e| value_err(format!("scenario: {e}")))?;
+    let out = py.allow_threads(|| crate::sim::simulate(&scenario)).map_err(value_err)?;
+    Ok(out.to_string())
+}
+
 pub fn register(m: &PyModule) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(host_cost, m)?)?;
     m.add("HTTP_NEXT_ISSUE", HTTP_NEXT_ISSUE)?;

@@ -13,13 +13,10 @@ pub struct CodecRows {
     launch: CodecLaunch,
 }
 
+#[allow(clippy::len_without_is_empty)]
 impl CodecRows {
     pub fn len(&self) -> usize {
         self.launch.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.launch.is_empty()
     }
 
     pub fn launch(self) -> CodecLaunch {
