@@ -43,12 +43,14 @@ CASES = {
     "orpheus-tiny": ["--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}'],
     "qwen3-tts-tiny": ["--bench-kwargs", '{"max_tokens": 48}'],
     "qwen3-tts-tiny-stop": [],  # random weights that stop on their own (433 tokens): the STOP path
+    "orpheus-tiny-voice": ["--bench-kwargs", '{"max_tokens": 42, "ignore_eos": true, "voice": "zoe"}',
+                           "--bench-text", "Ünïcode, <|im_end|> and   spaces!"],
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_rust_bench_wavs_match_python(rt, case: str, tmp_path: Path) -> None:
-    model = case.removesuffix("-stop")
+    model = case.removesuffix("-stop").removesuffix("-voice")
     py = _bench("python", model, tmp_path / "py", *CASES[case])
     assert py.returncode == 0, py.stderr
     rs = _bench("rust", model, tmp_path / "rs", *CASES[case])
@@ -61,6 +63,7 @@ def test_rust_bench_wavs_match_python(rt, case: str, tmp_path: Path) -> None:
         assert len(ours) > 44 + 2000, f"{name}: {len(ours)} bytes"
         assert ours == theirs, name
     assert _rows(rs.stdout) == _rows(py.stdout)
+    assert "prompts built in Rust" in rs.stderr  # from the spec's meta.prompt_builder, not the program
     assert rs.stdout.splitlines()[0].split()[:4] == ["request", "ttfa_ms", "latency_s", "audio_s"]
     assert "RTF" in rs.stdout.splitlines()[-1]
     if case.endswith("-stop"):
@@ -77,16 +80,34 @@ def test_rust_bench_voice_clone_matches_python(rt, tmp_path: Path) -> None:
     assert py.returncode == 0, py.stderr
     rs = _bench("rust", "qwen3-tts-base-tiny", tmp_path / "rs", *extra, requests=2)
     assert rs.returncode == 0, rs.stderr
+    assert "prompts built by the program's preprocess" in rs.stderr  # the reference-audio encoder is Python
     for i in range(2):
         name = f"bench-{i:03d}.wav"
         assert (tmp_path / "rs" / name).read_bytes() == (tmp_path / "py" / name).read_bytes(), name
     assert _rows(rs.stdout) == _rows(py.stdout)
 
 
-def test_rust_bench_names_a_bad_field(rt, tmp_path: Path) -> None:
-    proc = _bench("rust", "orpheus-tiny", tmp_path, "--bench-kwargs", '{"language": "english"}', requests=1)
+@pytest.mark.parametrize("builder", ["rust", "python"])
+def test_rust_bench_names_a_bad_field(rt, tmp_path: Path, builder: str) -> None:
+    proc = _bench("rust", "orpheus-tiny", tmp_path, "--prompt-builder", builder, "--bench-kwargs",
+                  '{"language": "english"}', requests=1)
     assert proc.returncode == 2
     assert "language" in proc.stderr and "not accepted" in proc.stderr
+    proc = _bench("rust", "orpheus-tiny", tmp_path, "--prompt-builder", builder, "--bench-kwargs",
+                  '{"voice": "nobody"}', requests=1)
+    assert proc.returncode == 2
+    assert "--bench-kwargs/--bench-text: voice: voice 'nobody' is not one of tara" in proc.stderr
+
+
+def test_prompt_builder_python_gives_the_same_wavs(rt, tmp_path: Path) -> None:
+    extra = ["--bench-kwargs", '{"max_tokens": 30}']
+    ours = _bench("rust", "qwen3-tts-tiny", tmp_path / "rs", *extra, requests=2)
+    theirs = _bench("rust", "qwen3-tts-tiny", tmp_path / "py", "--prompt-builder", "python", *extra, requests=2)
+    assert ours.returncode == 0 and theirs.returncode == 0, ours.stderr + theirs.stderr
+    assert "prompts built in Rust" in ours.stderr and "preprocess (Python)" in theirs.stderr
+    for i in range(2):
+        name = f"bench-{i:03d}.wav"
+        assert (tmp_path / "rs" / name).read_bytes() == (tmp_path / "py" / name).read_bytes()
 
 
 def test_rust_without_bench_says_http_is_next(rt) -> None:

@@ -147,7 +147,8 @@ FLAGS: tuple[Flag, ...] = (
     _f("--gate", action="store_true", runtimes=RUST_ONLY, help="gate segments on codec batches"),
     _f("--codec-gpu", type=int, default=None, runtimes=RUST_ONLY, help="GPU of every replica's codec"),
     _f("--codec-sms", type=int, default=None, runtimes=RUST_ONLY, help="SMs of the shared codec partition"),
-    _f("--prompt-builder", default=None, runtimes=RUST_ONLY, help="python: build prompts in Python"),
+    _f("--prompt-builder", default=None, choices=["rust", "python"], runtimes=RUST_ONLY,
+       help="rust (default where the model's spec allows): prompts built in Rust; python: the program's preprocess"),
     # deadline policy (both runtimes)
     _f("--deadline-startup-ms", type=float, default=SchedulerConfig.deadline_startup_ms,
        help="deadline policy: first audio of a new stream is due this long after its arrival"),
@@ -324,7 +325,8 @@ def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
             deadline_lm_step_ms=v["deadline_lm_step_ms"], deadline_codec_ms=v["deadline_codec_ms"],
             deadline_prefill_ms=v["deadline_prefill_ms"],
         ),
-        engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"], v["enable_nvtx"]),
+        engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"], v["enable_nvtx"],
+                            prompt_builder=v["prompt_builder"]),
         bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"],
                           audio=v["bench_audio"]),
         server=ServerConfig(

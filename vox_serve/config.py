@@ -106,6 +106,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | torch | flashinfer
     disable_cuda_graph: bool = False
     enable_nvtx: bool = False  # NVTX ranges around stage launches and scheduling (for nsys)
+    prompt_builder: str | None = None  # Rust runtime: "python" builds prompts with the program's preprocess
 
 
 @dataclass(frozen=True)

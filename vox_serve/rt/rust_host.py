@@ -10,6 +10,7 @@ them into functions of plain arguments.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from vox_serve.config import VoxConfig
-from vox_serve.core.request import Request
+from vox_serve.core.request import Request, SamplingParams
 from vox_serve.core.stages import Stage
 from vox_serve.progress import Progress
 from vox_serve.request_builder import FieldError, build_request
@@ -45,16 +46,18 @@ def build_engine_spec(config_json: str) -> str:
 
 
 def _request_data(req: Request) -> dict[str, Any]:
-    s, p = req.sampling, req.prompt
+    p = req.prompt
     return {
         "req_id": req.req_id, "streaming": req.streaming, "ids": p.ids.tolist(),
         "vectors": [[int(pos), v.astype(np.float32).ravel().tolist()] for pos, v in p.vectors.items()],
         "conditioning": [[name, int(len(v)), v.astype(np.float32).ravel().tolist()]
                          for name, v in p.conditioning.items()],
-        "sampling": {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
-                     "repetition_penalty": s.repetition_penalty, "repetition_window": s.repetition_window,
-                     "max_tokens": s.max_tokens, "ignore_eos": s.ignore_eos, "seed": s.seed},
+        "sampling": _sampling(req.sampling),
     }
+
+
+def _sampling(s: SamplingParams) -> dict[str, Any]:
+    return dataclasses.asdict(s)
 
 
 def bench_requests(engine_id: int, config_json: str) -> str:
@@ -68,6 +71,24 @@ def bench_requests(engine_id: int, config_json: str) -> str:
     return json.dumps([_request_data(build_request(program.meta, program.preprocess, fields, f"bench-{i:03d}",
                                                    config.bench.greedy, seed=config.model.seed + i))
                        for i in range(config.bench.num_requests)])
+
+
+def bench_request_fields(engine_id: int, config_json: str) -> str:
+    """Bench mode's requests as validated fields and sampling parameters, for prompts built in Rust (JSON;
+    an uploaded file is `true`: only its presence matters there). FieldError names a bad field."""
+    from vox_serve.bench import bench_fields
+    from vox_serve.engine.registry import get_engine
+    from vox_serve.request_builder import request_fields
+
+    config = VoxConfig.from_dict(json.loads(config_json))
+    meta = get_engine(engine_id).program.meta
+    out = []
+    for i in range(config.bench.num_requests):
+        clean, sampling = request_fields(meta, bench_fields(config), config.bench.greedy, config.model.seed + i)
+        out.append({"req_id": f"bench-{i:03d}", "streaming": clean.get("streaming", True),
+                    "fields": {k: True if isinstance(v, bytes | bytearray) else v for k, v in clean.items()},
+                    "sampling": _sampling(sampling)})
+    return json.dumps(out)
 
 
 def field_error_message(exc: BaseException) -> str | None:

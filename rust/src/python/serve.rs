@@ -19,7 +19,7 @@ use crate::sched::{Clock, Request, Scheduler, SchedulerConfig};
 use crate::serve::bench::{self, Outcome};
 use crate::serve::cuda_launcher::CudaLauncher;
 use crate::serve::py_launcher::{PyHandles, PyLauncher};
-use crate::serve::requests;
+use crate::serve::{prompts, requests};
 
 pub const HTTP_NEXT_ISSUE: &str = "the Rust runtime serves bench mode (--bench-requests N) in this build; serving \
                                    over HTTP comes with the Rust HTTP server (the next issue): serve with --runtime python";
@@ -47,6 +47,44 @@ fn tracer(sched: &SchedulerConfig) -> PyResult<Option<Tracer>> {
     }
 }
 
+/// A Python error that names a bad request field or an unreadable file, as its message.
+fn user_error(py: Python, host: &PyModule, e: PyErr) -> PyResult<String> {
+    let message: Option<String> = host.call_method1("field_error_message", (e.value(py),))?.extract()?;
+    message.ok_or(e)
+}
+
+fn parse_list(text: &str) -> PyResult<Vec<Value>> {
+    let items: Value = serde_json::from_str(text).map_err(|e| value_err(format!("requests: {e}")))?;
+    items.as_array().cloned().ok_or_else(|| value_err("requests: not a list".into()))
+}
+
+/// Bench mode's requests: fields validated in Python, prompts built by the Rust builder where it
+/// can (else by the program's `preprocess`, off the step path). Err: a message for the user.
+fn bench_requests(py: Python, host: &PyModule, spec: &EngineSpec, config_json: &str,
+                  builder: Option<&crate::models::PromptBuilder>, builder_spec: &Value)
+                  -> PyResult<Result<Vec<Request>, String>> {
+    if let Some(b) = builder {
+        let items = match host.call_method1("bench_request_fields", (spec.engine_id, config_json)) {
+            Ok(text) => parse_list(&text.extract::<String>()?)?,
+            Err(e) => return Ok(Err(user_error(py, host, e)?)),
+        };
+        let rust_builds = items.iter().all(|i| prompts::builds(builder_spec, i.get("fields").unwrap_or(&Value::Null)));
+        if rust_builds {
+            eprintln!("vox-serve: prompts built in Rust ({} builder)", b.kind());
+            let built: Result<Vec<_>, String> = items.iter().map(|i| prompts::request(b, i)).collect();
+            return Ok(built.map_err(|m| format!("--bench-kwargs/--bench-text: {m}")));
+        }
+    }
+    eprintln!("vox-serve: prompts built by the program's preprocess (Python)");
+    match host.call_method1("bench_requests", (spec.engine_id, config_json)) {
+        Ok(text) => {
+            let items = parse_list(&text.extract::<String>()?)?;
+            Ok(Ok(items.iter().map(requests::request).collect::<Result<Vec<_>, _>>().map_err(value_err)?))
+        }
+        Err(e) => Ok(Err(user_error(py, host, e)?)),
+    }
+}
+
 /// Serve `config` (VoxConfig.to_dict() as JSON); returns the process's exit status.
 #[pyfunction]
 fn serve(py: Python, config_json: &str) -> PyResult<i32> {
@@ -61,22 +99,14 @@ fn serve(py: Python, config_json: &str) -> PyResult<i32> {
     let spec_json: String = host.call_method1("build_engine_spec", (config_json,))?.extract()?;
     let spec_value: Value = serde_json::from_str(&spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
     let spec = EngineSpec::from_json(&spec_value).map_err(value_err)?;
-    let reqs = match host.call_method1("bench_requests", (spec.engine_id, config_json)) {
-        Ok(data) => {
-            let text: String = data.extract()?;
-            let items: Value = serde_json::from_str(&text).map_err(|e| value_err(format!("requests: {e}")))?;
-            items.as_array().ok_or_else(|| value_err("requests: not a list".into()))?.iter()
-                .map(requests::request).collect::<Result<Vec<_>, _>>().map_err(value_err)?
-        }
-        Err(e) => {
-            let message: Option<String> = host.call_method1("field_error_message", (e.value(py),))?.extract()?;
-            return match message {
-                Some(m) => {
-                    eprintln!("vox-serve: error: {m}");
-                    Ok(2)
-                }
-                None => Err(e),
-            };
+    let use_rust = config.get("engine").and_then(|e| e.get("prompt_builder")).and_then(Value::as_str) != Some("python");
+    let builder_spec = spec_value.get("meta").and_then(|m| m.get("prompt_builder")).cloned().unwrap_or(Value::Null);
+    let builder = if use_rust { prompts::builder_of(&builder_spec).map_err(value_err)? } else { None };
+    let reqs = match bench_requests(py, host, &spec, config_json, builder.as_ref(), &builder_spec)? {
+        Ok(reqs) => reqs,
+        Err(message) => {
+            eprintln!("vox-serve: error: {message}");
+            return Ok(2);
         }
     };
     let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched.clone(), Clock::Monotonic);

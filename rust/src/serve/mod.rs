@@ -5,5 +5,6 @@
 pub mod bench;
 pub mod cuda_launcher;
 pub mod host_cost;
+pub mod prompts;
 pub mod py_launcher;
 pub mod requests;
