@@ -43,6 +43,9 @@ CASES = {
     "orpheus-tiny": ["--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}'],
     "qwen3-tts-tiny": ["--bench-kwargs", '{"max_tokens": 48}'],
     "qwen3-tts-tiny-stop": [],  # random weights that stop on their own (433 tokens): the STOP path
+    # first chunks of 2 frames (the codec_first stage) and prompts prefilled in chunks of 32 tokens
+    "qwen3-tts-tiny-chunks": ["--first-chunk-frames", "2", "--max-prefill-tokens", "32",
+                              "--bench-kwargs", '{"max_tokens": 40}'],
     "orpheus-tiny-voice": ["--bench-kwargs", '{"max_tokens": 42, "ignore_eos": true, "voice": "zoe"}',
                            "--bench-text", "Ünïcode, <|im_end|> and   spaces!"],
 }
@@ -50,7 +53,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_rust_bench_wavs_match_python(rt, case: str, tmp_path: Path) -> None:
-    model = case.removesuffix("-stop").removesuffix("-voice")
+    model = case.removesuffix("-stop").removesuffix("-voice").removesuffix("-chunks")
     py = _bench("python", model, tmp_path / "py", *CASES[case])
     assert py.returncode == 0, py.stderr
     rs = _bench("rust", model, tmp_path / "rs", *CASES[case])
