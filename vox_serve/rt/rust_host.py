@@ -28,19 +28,12 @@ from vox_serve.request_builder import FieldError, build_request
 
 def build_engine_spec(config_json: str) -> str:
     """The spec of a built engine for this config (the engine stays registered for the process)."""
-    from vox_serve.bench import set_cpu_threads
-    from vox_serve.engine.build import engine_of_program, load_program
+    from vox_serve.bench import build_engine_shown, set_cpu_threads
 
     t0 = time.perf_counter()
     config = VoxConfig.from_dict(json.loads(config_json))
     set_cpu_threads(config)
-    progress = Progress()
-    with progress.stage("load", f"{config.model.model} weights"):
-        program = load_program(config)
-    graphs = not config.engine.disable_cuda_graph and program.device.type == "cuda"
-    what = "request state, KV cache" + (", warm-up and CUDA graph capture" if graphs else " (eager stages here)")
-    with progress.stage("warm-up", what):
-        spec = engine_of_program(program, config)
+    program, spec = build_engine_shown(config, Progress())
     print(f"model {program.meta.name} ready in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     return json.dumps(spec)
 
