@@ -180,3 +180,36 @@ def test_rust_bench_on_cuda_matches_python(rt, model: str, extra: list[str], tmp
     (path,) = (tmp_path / "trace").glob("*.jsonl")
     stages = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "stage"]
     assert stages and all(s["timer"] == "cuda" and s["device_ms"] > 0 for s in stages)
+
+
+def test_declared_fields_through_the_rust_driver(rt) -> None:
+    """The test-only program that declares every optional field (several input columns, prompt vectors,
+    a per-slot conditioning field, frame latents) gives the same PCM through the Rust scheduler and
+    driver as through the Python runtime."""
+    from dataclasses import asdict
+
+    from tests.declared_program import DeclaredProgram
+    from tests.engine_helpers import make_loop, prepare, spec_of
+    from tests.test_declared_fields import CONFIG, STEPS, _prompts
+    from vox_serve.core.request import Request, SamplingParams
+    from vox_serve.rt.rust_host import _request_data
+
+    def requests() -> list[Request]:
+        return [Request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
+                for i, p in enumerate(_prompts())]
+
+    program = prepare(DeclaredProgram(), CONFIG)
+    loop = make_loop(program, CONFIG, record=False)
+    theirs = requests()
+    pcm: dict[str, list[bytes]] = {r.req_id: [] for r in theirs}
+    for req in theirs:
+        req.sink = lambda r, chunk, final: chunk and pcm[r.req_id].append(chunk)
+        loop.scheduler.add_request(req)
+    loop.run_until_idle()
+    program = prepare(DeclaredProgram(), CONFIG)
+    ours = rt.run_requests(json.dumps(spec_of(program)), json.dumps(asdict(CONFIG.scheduler)),
+                           json.dumps([_request_data(r) for r in requests()]))
+    assert [o[0] for o in ours] == [r.req_id for r in theirs]
+    for req_id, reason, error, generated, audio in ours:
+        assert (reason, error, generated) == ("length", None, STEPS), req_id
+        assert len(audio) > 0 and audio == b"".join(pcm[req_id]), req_id

@@ -57,6 +57,7 @@ def _f(*names: str, runtimes: frozenset[str] = BOTH, implemented: bool = True, *
 
 RUST_ONLY = frozenset({RS})
 PY_ONLY = frozenset({PY})
+RUST_LATER: dict[str, Any] = {"runtimes": RUST_ONLY, "implemented": False}  # Rust flags of later issues
 
 FLAGS: tuple[Flag, ...] = (
     _f("--runtime", choices=["auto", "python", "rust"], default="auto",
@@ -137,16 +138,16 @@ FLAGS: tuple[Flag, ...] = (
     _f("--greedy", action="store_true", help="greedy sampling: repeatable output"),
     _f("--trace-dir", default=None,
        help="write JSON lines of every stage launch's device time and every scheduling decision here"),
-    # Rust runtime only
-    _f("--overlap-detok", action="store_true", runtimes=RUST_ONLY, help="codec on its own stream"),
-    _f("--async-engines", action="store_true", runtimes=RUST_ONLY, help="LM and codec lanes in flight"),
-    _f("--sm-modes", default=None, runtimes=RUST_ONLY, help="codec SM partitions, e.g. 24,48"),
-    _f("--sm-mode", default=None, runtimes=RUST_ONLY, help="partition index or adaptive"),
-    _f("--urgent-lane", action="store_true", runtimes=RUST_ONLY, help="high-priority codec lane"),
-    _f("--lm-segments", default=None, runtimes=RUST_ONLY, help="depth or layers:<k>"),
-    _f("--gate", action="store_true", runtimes=RUST_ONLY, help="gate segments on codec batches"),
-    _f("--codec-gpu", type=int, default=None, runtimes=RUST_ONLY, help="GPU of every replica's codec"),
-    _f("--codec-sms", type=int, default=None, runtimes=RUST_ONLY, help="SMs of the shared codec partition"),
+    # Rust runtime only (the lanes, SM partitions and segments of later issues: refused until they exist)
+    _f("--overlap-detok", action="store_true", **RUST_LATER, help="codec on its own stream"),
+    _f("--async-engines", action="store_true", **RUST_LATER, help="LM and codec lanes in flight"),
+    _f("--sm-modes", default=None, **RUST_LATER, help="codec SM partitions, e.g. 24,48"),
+    _f("--sm-mode", default=None, **RUST_LATER, help="partition index or adaptive"),
+    _f("--urgent-lane", action="store_true", **RUST_LATER, help="high-priority codec lane"),
+    _f("--lm-segments", default=None, **RUST_LATER, help="depth or layers:<k>"),
+    _f("--gate", action="store_true", **RUST_LATER, help="gate segments on codec batches"),
+    _f("--codec-gpu", type=int, default=None, **RUST_LATER, help="GPU of every replica's codec"),
+    _f("--codec-sms", type=int, default=None, **RUST_LATER, help="SMs of the shared codec partition"),
     _f("--prompt-builder", default=None, choices=["rust", "python"], runtimes=RUST_ONLY,
        help="rust (default where the model's spec allows): prompts built in Rust; python: the program's preprocess"),
     # deadline policy (both runtimes)
@@ -218,7 +219,7 @@ def check_flags(given: dict[str, Any], runtime: str, rust_missing: bool) -> tupl
             continue
         if runtime not in flag.runtimes:
             if runtime == PY and rust_missing:
-                warnings.append(f"{name} exists only in the Rust runtime; dropped (extension not installed)")
+                warnings.append(f"{name} exists only in the Rust runtime; dropped (serving with the Python runtime)")
                 continue
             raise CliError(f"{name} is not a flag of the {runtime} runtime")
         if not flag.implemented:

@@ -160,7 +160,35 @@ fn simulate(py: Python, scenario_json: &str) -> PyResult<String> {
     Ok(out.to_string())
 }
 
+/// Requests (rust_host.py `_request_data` items, JSON) through the Rust scheduler and driver on a
+/// built engine's spec, on a scheduler thread; per request (req_id, finish reason, error, tokens
+/// generated, PCM). For tests that drive a program loaded by the test itself.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn run_requests(py: Python, spec_json: &str, scheduler_json: &str, requests_json: &str)
+                -> PyResult<Vec<(String, Option<String>, Option<String>, i64, PyObject)>> {
+    let spec_value: Value = serde_json::from_str(spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
+    let spec = EngineSpec::from_json(&spec_value).map_err(value_err)?;
+    let sched_value: Value = serde_json::from_str(scheduler_json).map_err(|e| value_err(format!("scheduler: {e}")))?;
+    let sched = SchedulerConfig::from_json(&sched_value).map_err(value_err)?;
+    let reqs = parse_list(requests_json)?.iter().map(requests::request).collect::<Result<Vec<_>, _>>()
+        .map_err(value_err)?;
+    if spec.on_cuda() {
+        return Err(value_err("run_requests drives CPU engines".into()));
+    }
+    let host = py.import("vox_serve.rt.rust_host")?;
+    let launcher = PyLauncher { handles: PyHandles::new(py, host, &spec, None)? };
+    let worker = EngineWorker::new(&spec, launcher).map_err(value_err)?;
+    let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched, Clock::Monotonic);
+    let (outcomes, _) = run_on_thread(py, EngineLoop::new(scheduler, worker, None), reqs)?;
+    Ok(outcomes.into_iter().map(|o| {
+        let pcm = pyo3::types::PyBytes::new(py, &o.pcm).into_py(py);
+        (o.req.req_id, o.req.finish_reason, o.req.error, o.req.counters.num_generated, pcm)
+    }).collect())
+}
+
 pub fn register(m: &PyModule) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(run_requests, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(host_cost, m)?)?;
