@@ -192,7 +192,7 @@ def test_declared_fields_through_the_rust_driver(rt) -> None:
     from tests.engine_helpers import make_loop, prepare, spec_of
     from tests.test_declared_fields import CONFIG, STEPS, _prompts
     from vox_serve.core.request import Request, SamplingParams
-    from vox_serve.rt.rust_host import _request_data
+    from vox_serve.rust_host import _request_data
 
     def requests() -> list[Request]:
         return [Request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))

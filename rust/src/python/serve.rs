@@ -1,6 +1,6 @@
 //! `_rt.serve(config_json)`: the entry point vox_serve/launch.py calls for `--runtime rust`.
 //!
-//! The engine is built in this interpreter (vox_serve/rt/rust_host.py calls
+//! The engine is built in this interpreter (vox_serve/rust_host.py calls
 //! `vox_serve.engine.build_engine`), then a scheduler thread serves it from its spec: the Rust
 //! scheduler plans, the engine driver writes and launches, and the calling thread waits with the
 //! GIL released. This build serves bench mode (`--bench-requests N`); serving over HTTP is the
@@ -95,7 +95,7 @@ fn serve(py: Python, config_json: &str) -> PyResult<i32> {
         return Err(PyRuntimeError::new_err(HTTP_NEXT_ISSUE));
     }
     let sched = SchedulerConfig::from_json(section(&config, "scheduler")?).map_err(value_err)?;
-    let host = py.import("vox_serve.rt.rust_host")?;
+    let host = py.import("vox_serve.rust_host")?;
     let spec_json: String = host.call_method1("build_engine_spec", (config_json,))?.extract()?;
     let spec_value: Value = serde_json::from_str(&spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
     let spec = EngineSpec::from_json(&spec_value).map_err(value_err)?;
@@ -142,7 +142,7 @@ fn host_cost(py: Python, spec_json: &str, scheduler_json: &str, launcher: &str, 
     let cost = match launcher {
         "null" => py.allow_threads(|| measure(&spec, sched, NullLauncher, &load)),
         "python" => {
-            let host = py.import("vox_serve.rt.rust_host")?;
+            let host = py.import("vox_serve.rust_host")?;
             let launcher = PyLauncher { handles: PyHandles::new(py, host, &spec, None)? };
             measure(&spec, sched, launcher, &load)
         }
@@ -176,7 +176,7 @@ fn run_requests(py: Python, spec_json: &str, scheduler_json: &str, requests_json
     if spec.on_cuda() {
         return Err(value_err("run_requests drives CPU engines".into()));
     }
-    let host = py.import("vox_serve.rt.rust_host")?;
+    let host = py.import("vox_serve.rust_host")?;
     let launcher = PyLauncher { handles: PyHandles::new(py, host, &spec, None)? };
     let worker = EngineWorker::new(&spec, launcher).map_err(value_err)?;
     let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched, Clock::Monotonic);

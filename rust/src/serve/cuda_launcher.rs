@@ -1,7 +1,7 @@
 //! Launches on a CUDA device: one host-to-device copy of step_in, graphs launched by their exec
 //! handles through the driver API, one device-to-host copy of step_out with an event behind it.
 //! Stages the spec gives as callables (an eager prefill, --disable-cuda-graph) and attention
-//! planning go through Python on the same stream (vox_serve/rt/rust_host.py) -- planning with the
+//! planning go through Python on the same stream (vox_serve/rust_host.py) -- planning with the
 //! Rust FlashInfer shim is not wired yet.
 
 use std::collections::HashMap;

@@ -73,7 +73,7 @@ pub fn field_message(e: &PromptError, fields: &Value) -> String {
     format!("{field}: {}", e.message)
 }
 
-/// The request of validated fields (rust_host.py `bench_fields`), its prompt built here.
+/// The request of validated fields (rust_host.py `bench_request_fields`), its prompt built here.
 pub fn request(builder: &PromptBuilder, item: &Value) -> Result<Request, String> {
     let fields = item.get("fields").ok_or("request.fields is missing")?;
     let rows = builder.build(fields).map_err(|e| field_message(&e, fields))?;

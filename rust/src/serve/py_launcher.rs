@@ -1,5 +1,5 @@
 //! Launches through Python on a CPU device: each stage bucket's callable handle and the torch
-//! attention backend's planner, resolved by vox_serve/rt/rust_host.py. The only Python per step,
+//! attention backend's planner, resolved by vox_serve/rust_host.py. The only Python per step,
 //! and only where the device is the host.
 
 use std::collections::HashMap;

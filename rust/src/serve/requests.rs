@@ -1,4 +1,4 @@
-//! Requests as plain data (vox_serve/rt/rust_host.py `_request_data`) into scheduler requests.
+//! Requests as plain data (vox_serve/rust_host.py `_request_data`) into scheduler requests.
 
 use serde_json::Value;
 
