@@ -1,14 +1,19 @@
 """Host cost per step: the real scheduler and worker over a null engine, at the real models' geometry.
 
     python benchmark/host_cost.py [--batches 1,64,256] [--steps 300] [--models orpheus,qwen3-tts] [--out FILE]
+                                  [--runtime python|rust]
 
 A null engine has the real step arenas, slot tables and spec (Orpheus-3B or Qwen3-TTS-1.7B geometry:
 input columns, codes per step and frame, chunk windows, max_model_len), and stages that do nothing:
 every LM row comes back AUDIO (the output arena holds zeros), so every request decodes at steady
 state and its chunks become ready at the model's rate, as in a long-running batch. What is timed is
 everything the host does per step -- scheduling, writing the step arena, the launch calls, reading
-the outputs, applying them -- i.e. the cost a runtime adds on top of the device. The same benchmark
-measures the Rust runtime once it exists (`--runtime rust`).
+the outputs, applying them -- i.e. the cost a runtime adds on top of the device.
+
+`--runtime rust` measures, in the same run, the Python runtime and the Rust runtime's scheduler and
+engine driver (`vox_serve._rt.host_cost`) over the same null engine, twice: `rust` calls the
+spec's callable stage handles and planner through Python (the CPU launch path: the only Python per
+step), `rust-host` calls nothing (the host's own cost; on a GPU each launch adds one cudaGraphLaunch).
 """
 
 from __future__ import annotations
@@ -74,7 +79,8 @@ def geometry(model: str) -> ProgramMeta:
     return qwen3_tts_meta("qwen3-tts (null engine)", ids, 4096, QWEN3_TTS_CONFIG["talker_config"]["hidden_size"])
 
 
-def measure(model: str, batch: int, steps: int, policy: str) -> dict[str, Any]:
+def null_engine(model: str, batch: int, steps: int, policy: str) -> tuple[ProgramMeta, NullProgram, VoxConfig, int]:
+    """A built null engine of the model's geometry: (meta, program, config, max_tokens)."""
     meta = geometry(model)
     max_tokens = 10 * steps + PROMPT_LEN
     pages_per_seq = -(-(PROMPT_LEN + max_tokens) // 16)
@@ -84,6 +90,28 @@ def measure(model: str, batch: int, steps: int, policy: str) -> dict[str, Any]:
                                                  max_prefill_seqs=16, max_prefill_tokens=2048))
     program = NullProgram(meta)
     engine_of_program(program, config, report=False)
+    return meta, program, config, max_tokens
+
+
+def measure_rust(model: str, batch: int, steps: int, policy: str, launcher: str) -> dict[str, Any]:
+    """The Rust scheduler and driver over a fresh null engine (`launcher`: python or null)."""
+    from dataclasses import asdict
+
+    from vox_serve import _rt
+
+    _, program, config, max_tokens = null_engine(model, batch, steps, policy)
+    spec = json.dumps(engine_spec(engine_of(program)))
+    per_step, rows, codec_rows = _rt.host_cost(spec, json.dumps(asdict(config.scheduler)), launcher, batch, steps,
+                                               PROMPT_LEN, max_tokens)
+    assert rows == batch * steps, "every request decodes every step"
+    runtime = "rust" if launcher == "python" else "rust-host"
+    return {"model": model, "runtime": runtime, "policy": policy, "batch": batch,
+            "host_us_per_step": round(per_step * 1e6, 1), "codec_rows_per_step": round(codec_rows / steps, 2),
+            "steps": steps}
+
+
+def measure(model: str, batch: int, steps: int, policy: str) -> dict[str, Any]:
+    meta, program, config, max_tokens = null_engine(model, batch, steps, policy)
     worker = EngineWorker(engine_spec(engine_of(program)))
     scheduler = make_scheduler(meta, program.limits, config.scheduler)
     loop = EngineLoop(scheduler, worker)
@@ -104,8 +132,9 @@ def measure(model: str, batch: int, steps: int, policy: str) -> dict[str, Any]:
         codec_rows += len(plan.codec)
     per_step = (time.perf_counter() - start) / steps
     assert rows == batch * steps, "every request decodes every step"
-    return {"model": model, "policy": policy, "batch": batch, "host_us_per_step": round(per_step * 1e6, 1),
-            "codec_rows_per_step": round(codec_rows / steps, 2), "steps": steps}
+    return {"model": model, "runtime": "python", "policy": policy, "batch": batch,
+            "host_us_per_step": round(per_step * 1e6, 1), "codec_rows_per_step": round(codec_rows / steps, 2),
+            "steps": steps}
 
 
 def main() -> int:
@@ -114,18 +143,25 @@ def main() -> int:
     p.add_argument("--batches", default="1,64,256")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--policy", default="base")
+    p.add_argument("--runtime", choices=["python", "rust"], default="python",
+                   help="rust: also the Rust runtime, in the same run")
     p.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = p.parse_args()
     torch.set_num_threads(1)
     rows = []
     for model in args.models.split(","):
         for batch in map(int, args.batches.split(",")):
-            row = measure(model, batch, args.steps, args.policy)
-            rows.append(row)
-            print(f"{row['model']:<10} {row['policy']:<8} batch {batch:>4}: {row['host_us_per_step']:>8.1f} us/step "
-                  f"({row['codec_rows_per_step']} codec rows/step)", flush=True)
+            found = [measure(model, batch, args.steps, args.policy)]
+            if args.runtime == "rust":
+                found += [measure_rust(model, batch, args.steps, args.policy, how) for how in ("python", "null")]
+            for row in found:
+                rows.append(row)
+                ratio = found[0]["host_us_per_step"] / max(row["host_us_per_step"], 1e-3)
+                print(f"{row['model']:<10} {row['runtime']:<9} {row['policy']:<8} batch {batch:>4}: "
+                      f"{row['host_us_per_step']:>8.1f} us/step ({row['codec_rows_per_step']} codec rows/step)"
+                      + (f", {ratio:.1f}x less than python" if row["runtime"] != "python" else ""), flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps({"runtime": "python", "rows": rows}, indent=2) + "\n")
+        Path(args.out).write_text(json.dumps({"runtime": args.runtime, "rows": rows}, indent=2) + "\n")
     return 0
 
 

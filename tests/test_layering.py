@@ -18,7 +18,8 @@ RANK = {  # module path prefix under vox_serve -> layer (higher may import lower
     "voice_prompt": 0, "formats": 0,
     "scheduler": 1, "sim": 2, "trace": 2,
     "rt": 1, "layers": 2, "codecs": 2, "models": 3, "engine": 4, "worker": 5,
-    "engine_loop": 2, "bench": 6, "scheduler_entry": 6, "launch": 7, "cli": 7, "api": 7, "_rt": 0, "client": 6,
+    "engine_loop": 2, "bench": 6, "rust_host": 6, "scheduler_entry": 6, "launch": 7, "cli": 7, "api": 7, "_rt": 0,
+    "client": 6,
 }
 TORCH_FREE = ("core", "scheduler", "sim", "api", "config", "request_builder", "ipc", "text_sessions", "metrics",
               "trace", "engine_loop", "cli", "launch", "stage_stats", "voice_prompt", "formats", "client",

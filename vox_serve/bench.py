@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from vox_serve.audio import write_wav
 from vox_serve.config import VoxConfig
@@ -36,23 +37,36 @@ def set_cpu_threads(config: VoxConfig) -> None:
     torch.set_num_threads(max(1, min(cores, idle) // config.server.dp_size))
 
 
-def build_loop(config: VoxConfig, progress: Progress | None = None, record: bool = False,
-               time_stages: bool = False) -> tuple[EngineLoop, Program]:
-    """The Python runtime's loop for one replica: the engine built and captured, driven through its spec
-    (`progress` shows the start-up stages as they run). The program is returned for its prompt builder
-    (`preprocess`), which runs off the step path. `time_stages`: the device time of every launch (CUDA
-    events; always with --trace-dir), for /metrics."""
-    progress = progress or Progress()
+def build_engine_shown(config: VoxConfig, progress: Progress) -> tuple[Program, dict[str, Any]]:
+    """The engine of one replica (program and spec), its start-up stages shown as they run."""
     with progress.stage("load", f"{config.model.model} weights"):
         program = load_program(config)
     graphs = not config.engine.disable_cuda_graph and program.device.type == "cuda"
     what = "request state, KV cache" + (", warm-up and CUDA graph capture" if graphs else " (eager stages here)")
     with progress.stage("warm-up", what):
         spec = engine_of_program(program, config)
+    return program, spec
+
+
+def build_loop(config: VoxConfig, progress: Progress | None = None, record: bool = False,
+               time_stages: bool = False) -> tuple[EngineLoop, Program]:
+    """The Python runtime's loop for one replica: the engine built and captured, driven through its spec
+    (`progress` shows the start-up stages as they run). The program is returned for its prompt builder
+    (`preprocess`), which runs off the step path. `time_stages`: the device time of every launch (CUDA
+    events; always with --trace-dir), for /metrics."""
+    program, spec = build_engine_shown(config, progress or Progress())
     timed = time_stages or config.scheduler.trace_dir is not None
     worker = EngineWorker(spec, time_stages=timed, nvtx=config.engine.enable_nvtx)
     scheduler = make_scheduler(worker.meta, worker.limits, config.scheduler)
     return EngineLoop(scheduler, worker, nvtx=config.engine.enable_nvtx, record=record), program
+
+
+def bench_fields(config: VoxConfig) -> dict[str, Any]:
+    """Every bench request's fields: the text, --bench-kwargs, and --bench-audio's bytes as `audio`."""
+    fields: dict[str, Any] = {"text": config.bench.text, **config.bench.kwargs}
+    if config.bench.audio is not None:
+        fields["audio"] = Path(config.bench.audio).read_bytes()
+    return fields
 
 
 def run_bench(config: VoxConfig) -> int:
@@ -68,7 +82,11 @@ def run_bench(config: VoxConfig) -> int:
         if pcm:
             audio[req.req_id].append(pcm)
 
-    fields = {"text": config.bench.text, **config.bench.kwargs}
+    try:
+        fields = bench_fields(config)
+    except OSError as exc:
+        print(f"vox-serve: error: --bench-audio: {exc}", file=sys.stderr)
+        return 2
     requests = []
     for i in range(config.bench.num_requests):
         req_id = f"bench-{i:03d}"

@@ -57,6 +57,7 @@ def _f(*names: str, runtimes: frozenset[str] = BOTH, implemented: bool = True, *
 
 RUST_ONLY = frozenset({RS})
 PY_ONLY = frozenset({PY})
+RUST_LATER: dict[str, Any] = {"runtimes": RUST_ONLY, "implemented": False}  # Rust flags of later issues
 
 FLAGS: tuple[Flag, ...] = (
     _f("--runtime", choices=["auto", "python", "rust"], default="auto",
@@ -85,13 +86,13 @@ FLAGS: tuple[Flag, ...] = (
     _f("--max-prefill-seqs", type=int, default=16, help="sequences in one prefill step"),
     _f("--max-codec-batch", type=int, default=64, help="audio chunks decoded in one codec step"),
     _f("--detokenize-interval", type=int, default=None, help="frames per audio chunk (default: model's)"),
-    _f("--first-chunk-frames", type=int, default=None, runtimes=PY_ONLY,
+    _f("--first-chunk-frames", type=int, default=None,
        help="frames of each request's first audio chunk, at most the interval (sooner first audio)"),
     _f("--max-queued-requests", type=int, default=1024, help="waiting requests before new ones are refused"),
     # execution
     _f("--attention-backend", choices=["auto", "torch", "flashinfer"], default="auto",
        help="paged attention implementation"),
-    _f("--disable-cuda-graph", action="store_true", runtimes=PY_ONLY,
+    _f("--disable-cuda-graph", action="store_true",
        help="run stages eagerly instead of replaying CUDA graphs"),
     _f("--enable-nvtx", action="store_true", runtimes=PY_ONLY,
        help="NVTX ranges around stages and scheduling"),
@@ -133,21 +134,22 @@ FLAGS: tuple[Flag, ...] = (
     _f("--bench-text", default=BenchConfig.text, help="text of each bench request"),
     _f("--bench-kwargs", default="{}",
        help='JSON request fields: voice, sampling overrides, max_tokens, ignore_eos, seed'),
-    _f("--bench-audio", default=None, implemented=False, help="reference audio file for bench requests"),
+    _f("--bench-audio", default=None, help="reference audio file sent as every bench request's `audio` (voice clones)"),
     _f("--greedy", action="store_true", help="greedy sampling: repeatable output"),
     _f("--trace-dir", default=None,
        help="write JSON lines of every stage launch's device time and every scheduling decision here"),
-    # Rust runtime only
-    _f("--overlap-detok", action="store_true", runtimes=RUST_ONLY, help="codec on its own stream"),
-    _f("--async-engines", action="store_true", runtimes=RUST_ONLY, help="LM and codec lanes in flight"),
-    _f("--sm-modes", default=None, runtimes=RUST_ONLY, help="codec SM partitions, e.g. 24,48"),
-    _f("--sm-mode", default=None, runtimes=RUST_ONLY, help="partition index or adaptive"),
-    _f("--urgent-lane", action="store_true", runtimes=RUST_ONLY, help="high-priority codec lane"),
-    _f("--lm-segments", default=None, runtimes=RUST_ONLY, help="depth or layers:<k>"),
-    _f("--gate", action="store_true", runtimes=RUST_ONLY, help="gate segments on codec batches"),
-    _f("--codec-gpu", type=int, default=None, runtimes=RUST_ONLY, help="GPU of every replica's codec"),
-    _f("--codec-sms", type=int, default=None, runtimes=RUST_ONLY, help="SMs of the shared codec partition"),
-    _f("--prompt-builder", default=None, runtimes=RUST_ONLY, help="python: build prompts in Python"),
+    # Rust runtime only (the lanes, SM partitions and segments of later issues: refused until they exist)
+    _f("--overlap-detok", action="store_true", **RUST_LATER, help="codec on its own stream"),
+    _f("--async-engines", action="store_true", **RUST_LATER, help="LM and codec lanes in flight"),
+    _f("--sm-modes", default=None, **RUST_LATER, help="codec SM partitions, e.g. 24,48"),
+    _f("--sm-mode", default=None, **RUST_LATER, help="partition index or adaptive"),
+    _f("--urgent-lane", action="store_true", **RUST_LATER, help="high-priority codec lane"),
+    _f("--lm-segments", default=None, **RUST_LATER, help="depth or layers:<k>"),
+    _f("--gate", action="store_true", **RUST_LATER, help="gate segments on codec batches"),
+    _f("--codec-gpu", type=int, default=None, **RUST_LATER, help="GPU of every replica's codec"),
+    _f("--codec-sms", type=int, default=None, **RUST_LATER, help="SMs of the shared codec partition"),
+    _f("--prompt-builder", default=None, choices=["rust", "python"], runtimes=RUST_ONLY,
+       help="rust (default where the model's spec allows): prompts built in Rust; python: the program's preprocess"),
     # deadline policy (both runtimes)
     _f("--deadline-startup-ms", type=float, default=SchedulerConfig.deadline_startup_ms,
        help="deadline policy: first audio of a new stream is due this long after its arrival"),
@@ -217,7 +219,7 @@ def check_flags(given: dict[str, Any], runtime: str, rust_missing: bool) -> tupl
             continue
         if runtime not in flag.runtimes:
             if runtime == PY and rust_missing:
-                warnings.append(f"{name} exists only in the Rust runtime; dropped (extension not installed)")
+                warnings.append(f"{name} exists only in the Rust runtime; dropped (serving with the Python runtime)")
                 continue
             raise CliError(f"{name} is not a flag of the {runtime} runtime")
         if not flag.implemented:
@@ -324,8 +326,10 @@ def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
             deadline_lm_step_ms=v["deadline_lm_step_ms"], deadline_codec_ms=v["deadline_codec_ms"],
             deadline_prefill_ms=v["deadline_prefill_ms"],
         ),
-        engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"], v["enable_nvtx"]),
-        bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"]),
+        engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"], v["enable_nvtx"],
+                            prompt_builder=v["prompt_builder"]),
+        bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"],
+                          audio=v["bench_audio"]),
         server=ServerConfig(
             host=v["host"], port=v["port"], dp_size=v["dp_size"], request_timeout_s=v["request_timeout_s"],
             max_upload_mb=v["max_upload_mb"], header_timeout_s=v["header_timeout_s"],

@@ -69,6 +69,7 @@ class BenchConfig:
     text: str = "Hello there! This is a short test of streaming speech synthesis."
     kwargs_json: str = "{}"  # kept as text so the config stays hashable and frozen
     greedy: bool = False
+    audio: str | None = None  # a reference audio file sent as every request's `audio` field (voice clones)
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -105,6 +106,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | torch | flashinfer
     disable_cuda_graph: bool = False
     enable_nvtx: bool = False  # NVTX ranges around stage launches and scheduling (for nsys)
+    prompt_builder: str | None = None  # Rust runtime: "python" builds prompts with the program's preprocess
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,13 @@ from vox_serve.scheduler.base import Scheduler
 _files = itertools.count()
 
 
+def _meta(scheduler: Scheduler) -> dict:
+    """The program meta of a trace header, without the prompt builder's inputs (a tokenizer's JSON)."""
+    meta = scheduler.meta.to_dict()
+    meta.pop("prompt_builder", None)
+    return meta
+
+
 class Tracer:
     def __init__(self, trace_dir: str | Path, timer: str = "wall") -> None:
         directory = Path(trace_dir)
@@ -41,7 +48,7 @@ class Tracer:
 
     def header(self, scheduler: Scheduler) -> None:
         self.write({"type": "header", "policy": scheduler.name, "timer": self.timer,
-                    "meta": scheduler.meta.to_dict(), "limits": asdict(scheduler.limits),
+                    "meta": _meta(scheduler), "limits": asdict(scheduler.limits),
                     "scheduler": asdict(scheduler.config)})
 
     def decision(self, scheduler: Scheduler, plan: StepPlan, plan_seconds: float) -> None:

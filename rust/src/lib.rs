@@ -9,9 +9,13 @@
 #![allow(unknown_lints, unexpected_cfgs)]
 
 pub mod cuda;
+pub mod driver;
 pub mod models;
 pub mod planner;
 mod python;
+pub mod sched;
+pub mod serve;
+pub mod sim;
 pub mod tokenizer;
 
 use pyo3::prelude::*;

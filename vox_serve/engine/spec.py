@@ -94,7 +94,7 @@ def engine_spec(engine: Engine) -> dict[str, Any]:
         "engine_id": engine.engine_id,
         "device": str(program.device),
         "dtype": str(program.dtype).removeprefix("torch."),
-        "meta": meta.to_dict(),
+        "meta": {**meta.to_dict(), "prompt_builder": program.prompt_builder_spec()},
         "limits": {**asdict(lim), "slots": lim.slots, "max_admits": lim.max_admits,
                    "max_page_updates": lim.max_page_updates, "max_pages_per_seq": lim.max_pages_per_seq},
         "conventions": {"NO_SLOT": NO_SLOT, "ABSENT_ID": ABSENT_ID, "NULL_PAGE": NULL_PAGE,

@@ -100,6 +100,13 @@ pub enum PromptBuilder {
 }
 
 impl PromptBuilder {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PromptBuilder::Orpheus(_) => "orpheus",
+            PromptBuilder::Qwen3(_) => "qwen3_tts",
+        }
+    }
+
     fn qwen3(&self, what: &str) -> Result<&qwen3_tts::Qwen3Prompt, PromptError> {
         match self {
             PromptBuilder::Qwen3(q) => Ok(q),

@@ -3,6 +3,7 @@
 mod cuda;
 mod planner;
 mod prompts;
+mod serve;
 
 use pyo3::prelude::*;
 
@@ -11,5 +12,6 @@ pub fn register(m: &PyModule) -> PyResult<()> {
     cuda::register(m)?;
     planner::register(m)?;
     prompts::register(m)?;
+    serve::register(m)?;
     Ok(())
 }

@@ -71,6 +71,11 @@ class OrpheusProgram(Program):
         ids = self.tokenizer.encode(f"{voice}: {text}").ids
         return Prompt.of([[t] for t in PROMPT_START + list(ids) + PROMPT_END])
 
+    def prompt_builder_spec(self) -> dict[str, Any]:
+        """The Rust prompt builder's inputs: the tokenizer (its JSON, as loaded) and the voices."""
+        return {"kind": "orpheus", "tokenizer_json": self.tokenizer.to_str(), "voices": list(self.meta.voices),
+                "default_voice": self.meta.default_voice}
+
     # ---- LM stage ------------------------------------------------------------------------
     def lm_step(self, b: LmBatch) -> LmSample:
         """One launch: the LM over its tokens, then for each row the next token, its code and kind."""

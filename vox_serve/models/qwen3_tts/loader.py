@@ -228,4 +228,4 @@ def load_qwen3_tts(name: str, load_format: str, device: torch.device, dtype: tor
     meta = qwen3_tts_meta(name, ids, max_model_len, talker.cfg.hidden_size,
                           samples_per_frame=codec.config.samples_per_frame)
     return Qwen3TTSProgram(talker.to(dtype).eval(), predictor.to(dtype).eval(), codec, tokenizer, ids, meta,
-                           device, dtype, cloner)
+                           device, dtype, cloner, prompt_config=cfg)

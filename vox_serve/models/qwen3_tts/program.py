@@ -88,7 +88,7 @@ def qwen3_tts_meta(name: str, ids: PromptIds, max_model_len: int, hidden_size: i
 class Qwen3TTSProgram(Program):
     def __init__(self, talker: Talker, predictor: CodePredictor, codec: Qwen3CodecDecoder, tokenizer: Any,
                  ids: PromptIds, meta: ProgramMeta, device: torch.device, dtype: torch.dtype,
-                 cloner: VoiceCloner | None = None) -> None:
+                 cloner: VoiceCloner | None = None, prompt_config: dict[str, Any] | None = None) -> None:
         super().__init__(device, dtype)
         if (cloner is None) != (ids.model_type != "base"):
             raise ValueError("a Qwen3-TTS Base program needs the voice-clone encoders, other variants none")
@@ -96,6 +96,7 @@ class Qwen3TTSProgram(Program):
         self.cloner = cloner
         self.codec_slots: Qwen3CodecSlots | None = None  # streaming state pools, sized in allocate
         self.ids, self.meta = ids, meta
+        self.prompt_config = prompt_config  # the checkpoint's config.json: the Rust prompt builder reads its ids
         self.num_groups = ids.num_code_groups
         vocab = talker.cfg.vocab_size
         # [vocab] bool: the audio codes, the group-0 candidates of every row (EOS is allowed per row)
@@ -121,6 +122,14 @@ class Qwen3TTSProgram(Program):
         voice = fields.get("voice") or self.meta.default_voice
         return Prompt.of(build_prompt(self.tokenizer, self.ids, fields["text"], voice, fields.get("language"),
                                       fields.get("instruct")))
+
+    def prompt_builder_spec(self) -> dict[str, Any]:
+        """The Rust prompt builder's inputs: the tokenizer (its JSON) and the checkpoint's config; `clone`
+        says reference audio is encoded in Python (Base)."""
+        if self.prompt_config is None:
+            return {}
+        return {"kind": "qwen3_tts", "tokenizer_json": self.tokenizer.to_str(), "config": self.prompt_config,
+                "clone": self.cloner is not None}
 
     def encode_voice(self, audio: bytes, ref_text: str | None) -> VoicePrompt:
         """A saved voice's prompt from reference audio (Base only): FieldError for unusable audio."""

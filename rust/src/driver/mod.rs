@@ -1,0 +1,10 @@
+//! The engine driver: an engine served from its spec alone (docs/engine-contract.md).
+
+pub mod layout;
+pub mod spec;
+pub mod worker;
+pub mod writer;
+
+pub use spec::{EngineSpec, LaunchHandle, Stage};
+pub use worker::{EngineWorker, Launcher};
+pub use writer::{AttentionPlan, Launch};

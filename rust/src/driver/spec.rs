@@ -1,0 +1,155 @@
+//! What the driver reads from an engine spec (vox_serve/engine/spec.py, docs/engine-contract.md):
+//! the device, the step arenas, per stage its buckets and launch handles, and the attention
+//! planner. Errors name the field.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::layout::ArenaLayout;
+use crate::sched::config::{get, int, string, EngineLimits, ProgramMeta};
+
+/// The launches of a step, in launch order (`core/stages.py` `Stage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    Prologue,
+    CodecFirst,
+    Codec,
+    Prefill,
+    Decode,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 5] = [Stage::Prologue, Stage::CodecFirst, Stage::Codec, Stage::Prefill, Stage::Decode];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Prologue => "prologue",
+            Stage::CodecFirst => "codec_first",
+            Stage::Codec => "codec",
+            Stage::Prefill => "prefill",
+            Stage::Decode => "decode",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Stage, String> {
+        Stage::ALL.iter().copied().find(|s| s.name() == name).ok_or_else(|| format!("unknown stage {name:?}"))
+    }
+}
+
+/// How one bucket of a stage is launched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaunchHandle {
+    /// A `cudaGraphExec_t`, launched on its capture stream.
+    Graph { exec: u64, stream: u64 },
+    /// `callable:<engine>:<stage>:<bucket>`, resolved through vox_serve.engine.registry.
+    Callable(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct StageSpec {
+    pub buckets: Vec<usize>,
+    pub handles: BTreeMap<usize, LaunchHandle>,
+    /// Prefill replayed as a graph always runs this many sequences (padded ones empty).
+    pub captured_seqs: Option<usize>,
+}
+
+impl StageSpec {
+    /// The smallest bucket holding `n` rows.
+    pub fn bucket(&self, n: usize) -> Result<usize, String> {
+        self.buckets.iter().copied().find(|&b| b >= n)
+            .ok_or_else(|| format!("{n} rows exceed the largest bucket {:?}", self.buckets.last()))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineSpec {
+    pub engine_id: i64,
+    pub device: String,
+    pub meta: ProgramMeta,
+    pub limits: EngineLimits,
+    pub step_in: ArenaLayout,
+    pub step_out: ArenaLayout,
+    pub stages: BTreeMap<Stage, StageSpec>,
+    pub attention_backend: String,
+    pub planner: String,
+    pub page_size: i64,
+}
+
+fn stage_spec(name: &str, entry: &Value) -> Result<StageSpec, String> {
+    let path = format!("stages.{name}.");
+    let buckets = get(entry, &path, "buckets")?.as_array().ok_or(format!("{path}buckets is not a list"))?
+        .iter().map(|b| b.as_u64().map(|b| b as usize).ok_or(format!("{path}buckets holds a non-size")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut handles = BTreeMap::new();
+    let bucket_of = |key: &str| key.parse::<usize>().map_err(|_| format!("{path}: bucket {key:?} is not a size"));
+    if let Some(Value::Object(graphs)) = entry.get("graphs") {
+        for (key, g) in graphs {
+            let gp = format!("{path}graphs.{key}.");
+            let exec = get(g, &gp, "exec")?.as_u64().ok_or(format!("{gp}exec is not a handle"))?;
+            let stream = get(g, &gp, "stream")?.as_u64().ok_or(format!("{gp}stream is not a handle"))?;
+            handles.insert(bucket_of(key)?, LaunchHandle::Graph { exec, stream });
+        }
+    }
+    if let Some(Value::Object(callables)) = entry.get("callables") {
+        for (key, h) in callables {
+            let h = h.as_str().ok_or(format!("{path}callables.{key} is not a handle"))?;
+            handles.insert(bucket_of(key)?, LaunchHandle::Callable(h.to_string()));
+        }
+    }
+    if let Some(b) = buckets.iter().find(|b| !handles.contains_key(b)) {
+        return Err(format!("{path}: bucket {b} has neither a graph nor a callable"));
+    }
+    let captured_seqs = entry.get("captured_seqs").and_then(Value::as_u64).map(|n| n as usize);
+    Ok(StageSpec { buckets, handles, captured_seqs })
+}
+
+impl EngineSpec {
+    pub fn from_json(spec: &Value) -> Result<EngineSpec, String> {
+        let version = int(spec, "spec.", "version")?;
+        if version != 2 {
+            return Err(format!("spec.version {version}: this runtime drives engine spec version 2"));
+        }
+        let arenas = get(spec, "spec.", "arenas")?;
+        let mut stages = BTreeMap::new();
+        let entries = get(spec, "spec.", "stages")?.as_object().ok_or("spec.stages is not an object")?;
+        for (name, entry) in entries {
+            stages.insert(Stage::parse(name)?, stage_spec(name, entry)?);
+        }
+        let attention = get(spec, "spec.", "attention")?;
+        let step_in = ArenaLayout::from_json(get(arenas, "arenas.", "step_in")?, "arenas.step_in.")?;
+        let step_out = ArenaLayout::from_json(get(arenas, "arenas.", "step_out")?, "arenas.step_out.")?;
+        if step_in.host_ptrs.len() != step_out.host_ptrs.len() {
+            return Err("arenas: step_in and step_out have different numbers of host buffers".into());
+        }
+        Ok(EngineSpec {
+            engine_id: int(spec, "spec.", "engine_id")?,
+            device: string(spec, "spec.", "device")?,
+            meta: ProgramMeta::from_json(get(spec, "spec.", "meta")?)?,
+            limits: EngineLimits::from_json(get(spec, "spec.", "limits")?)?,
+            step_in,
+            step_out,
+            stages,
+            attention_backend: string(attention, "attention.", "backend")?,
+            planner: string(attention, "attention.", "planner")?,
+            page_size: int(attention, "attention.", "page_size")?,
+        })
+    }
+
+    pub fn stage(&self, stage: Stage) -> Result<&StageSpec, String> {
+        self.stages.get(&stage).ok_or_else(|| format!("spec.stages has no {}", stage.name()))
+    }
+
+    pub fn on_cuda(&self) -> bool {
+        self.device.starts_with("cuda")
+    }
+
+    /// The CUDA device ordinal (`cuda` alone is device 0).
+    pub fn cuda_ordinal(&self) -> Result<i32, String> {
+        match self.device.strip_prefix("cuda") {
+            Some("") => Ok(0),
+            Some(rest) => rest.trim_start_matches(':').parse().map_err(|_| format!("spec.device {:?}", self.device)),
+            None => Err(format!("spec.device {:?} is not a CUDA device", self.device)),
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! The engine worker: step plans in, step results out, driving an engine through its spec alone
+//! (vox_serve/worker/engine_worker.py). Per step: the plan is written into host buffer
+//! `step mod buffers` (`writer.rs`), uploaded in one copy, each launch planned (LM launches) and
+//! run by its handle, and the outputs downloaded in one copy. How handles are run is a `Launcher`:
+//! CUDA graphs and copies through the driver API, or callables through Python on a CPU device.
+
+use super::layout::HostBuf;
+use super::spec::{EngineSpec, Stage};
+use super::writer::{AttentionPlan, Launch, PlanShape, StepReader, StepWriter};
+use crate::sched::engine_loop::Worker;
+use crate::sched::plan::{StepPlan, StepResult};
+
+/// Runs a spec's handles. `parity` names the host buffer pair of the step.
+pub trait Launcher {
+    /// What stage times measure: "cuda" events or "wall" time.
+    fn timer(&self) -> &'static str;
+    /// Host buffer `parity` of step_in -> the device (first `nbytes`); a no-op on a CPU device.
+    fn upload(&mut self, parity: usize, nbytes: usize) -> Result<(), String>;
+    fn plan_attention(&mut self, stage: Stage, plan: &AttentionPlan, parity: usize) -> Result<(), String>;
+    /// Run the launch's handle; returns its wall seconds where the launcher times by wall clock.
+    fn run(&mut self, parity: usize, launch: &Launch) -> Result<Option<f64>, String>;
+    /// step_out's device buffer -> host buffer `parity` (first `nbytes`), then an event behind it.
+    fn download(&mut self, parity: usize, nbytes: usize) -> Result<(), String>;
+    /// Wait for the step of `parity` (its download); then the stage times measured on the device.
+    fn wait(&mut self, parity: usize, launches: &[Launch]) -> Result<Vec<(&'static str, f64)>, String>;
+}
+
+pub struct StepHandle {
+    shape: PlanShape,
+    launches: Vec<Launch>,
+    parity: usize,
+    seconds: Vec<(&'static str, f64)>,
+}
+
+pub struct EngineWorker<L: Launcher> {
+    pub launcher: L,
+    writer: StepWriter,
+    reader: StepReader,
+    in_bufs: Vec<HostBuf>,
+    out_bufs: Vec<HostBuf>,
+    steps: u64,
+}
+
+impl<L: Launcher> EngineWorker<L> {
+    pub fn new(spec: &EngineSpec, launcher: L) -> Result<EngineWorker<L>, String> {
+        let bufs = |ptrs: &[u64]| ptrs.iter().map(|&p| HostBuf { base: p as *mut u8 }).collect::<Vec<_>>();
+        Ok(EngineWorker { launcher, writer: StepWriter::new(spec)?, reader: StepReader::new(spec)?,
+                          in_bufs: bufs(&spec.step_in.host_ptrs), out_bufs: bufs(&spec.step_out.host_ptrs), steps: 0 })
+    }
+}
+
+impl<L: Launcher> Worker for EngineWorker<L> {
+    type Handle = StepHandle;
+
+    fn timer(&self) -> &'static str {
+        self.launcher.timer()
+    }
+
+    fn launch(&mut self, plan: &StepPlan) -> Result<StepHandle, String> {
+        let parity = (self.steps % self.in_bufs.len() as u64) as usize;
+        self.steps += 1;
+        let (launches, nbytes) = self.writer.write(self.in_bufs[parity], plan)?;
+        self.launcher.upload(parity, nbytes)?;
+        let mut seconds = Vec::with_capacity(launches.len());
+        for launch in &launches {
+            if let Some(attention) = &launch.attention {
+                self.launcher.plan_attention(launch.stage, attention, parity)?;
+            }
+            if let Some(wall) = self.launcher.run(parity, launch)? {
+                seconds.push((launch.stage.name(), wall));
+            }
+        }
+        self.launcher.download(parity, self.reader.download_bytes(&launches))?;
+        Ok(StepHandle { shape: PlanShape::of(plan), launches, parity, seconds })
+    }
+
+    fn collect(&mut self, handle: StepHandle) -> Result<StepResult, String> {
+        let device_seconds = self.launcher.wait(handle.parity, &handle.launches)?;
+        let mut result = self.reader.read(self.out_bufs[handle.parity], &handle.shape, &handle.launches);
+        result.stage_seconds = if device_seconds.is_empty() { handle.seconds } else { device_seconds };
+        Ok(result)
+    }
+}

@@ -1,0 +1,197 @@
+//! `_rt.serve(config_json)`: the entry point vox_serve/launch.py calls for `--runtime rust`.
+//!
+//! The engine is built in this interpreter (vox_serve/rust_host.py calls
+//! `vox_serve.engine.build_engine`), then a scheduler thread serves it from its spec: the Rust
+//! scheduler plans, the engine driver writes and launches, and the calling thread waits with the
+//! GIL released. This build serves bench mode (`--bench-requests N`); serving over HTTP is the
+//! next issue.
+
+use std::path::PathBuf;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use serde_json::Value;
+
+use crate::driver::{EngineSpec, EngineWorker};
+use crate::sched::engine_loop::EngineLoop;
+use crate::sched::trace::Tracer;
+use crate::sched::{Clock, Request, Scheduler, SchedulerConfig};
+use crate::serve::bench::{self, Outcome};
+use crate::serve::cuda_launcher::CudaLauncher;
+use crate::serve::py_launcher::{PyHandles, PyLauncher};
+use crate::serve::{prompts, requests};
+
+pub const HTTP_NEXT_ISSUE: &str = "the Rust runtime serves bench mode (--bench-requests N) in this build; serving \
+                                   over HTTP comes with the Rust HTTP server (the next issue): serve with --runtime python";
+
+fn value_err(e: String) -> PyErr {
+    PyValueError::new_err(e)
+}
+
+fn section<'a>(config: &'a Value, name: &str) -> PyResult<&'a Value> {
+    config.get(name).ok_or_else(|| value_err(format!("config.{name} is missing")))
+}
+
+/// Run the requests on a scheduler thread of their own; the caller waits without the GIL.
+fn run_on_thread<W: crate::sched::engine_loop::Worker + Send + 'static>(
+    py: Python, mut lp: EngineLoop<W>, reqs: Vec<Request>) -> PyResult<(Vec<Outcome>, f64)> {
+    let thread = std::thread::Builder::new().name("vox-scheduler-0".into())
+        .spawn(move || bench::run(&mut lp, reqs)).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    py.allow_threads(move || thread.join()).map_err(|_| PyRuntimeError::new_err("the scheduler thread panicked"))
+}
+
+fn tracer(sched: &SchedulerConfig) -> PyResult<Option<Tracer>> {
+    match &sched.trace_dir {
+        None => Ok(None),
+        Some(dir) => Tracer::to_dir(std::path::Path::new(dir)).map(Some).map_err(value_err),
+    }
+}
+
+/// A Python error that names a bad request field or an unreadable file, as its message.
+fn user_error(py: Python, host: &PyModule, e: PyErr) -> PyResult<String> {
+    let message: Option<String> = host.call_method1("field_error_message", (e.value(py),))?.extract()?;
+    message.ok_or(e)
+}
+
+fn parse_list(text: &str) -> PyResult<Vec<Value>> {
+    let items: Value = serde_json::from_str(text).map_err(|e| value_err(format!("requests: {e}")))?;
+    items.as_array().cloned().ok_or_else(|| value_err("requests: not a list".into()))
+}
+
+/// Bench mode's requests: fields validated in Python, prompts built by the Rust builder where it
+/// can (else by the program's `preprocess`, off the step path). Err: a message for the user.
+fn bench_requests(py: Python, host: &PyModule, spec: &EngineSpec, config_json: &str,
+                  builder: Option<&crate::models::PromptBuilder>, builder_spec: &Value)
+                  -> PyResult<Result<Vec<Request>, String>> {
+    if let Some(b) = builder {
+        let items = match host.call_method1("bench_request_fields", (spec.engine_id, config_json)) {
+            Ok(text) => parse_list(&text.extract::<String>()?)?,
+            Err(e) => return Ok(Err(user_error(py, host, e)?)),
+        };
+        let rust_builds = items.iter().all(|i| prompts::builds(builder_spec, i.get("fields").unwrap_or(&Value::Null)));
+        if rust_builds {
+            eprintln!("vox-serve: prompts built in Rust ({} builder)", b.kind());
+            let built: Result<Vec<_>, String> = items.iter().map(|i| prompts::request(b, i)).collect();
+            return Ok(built.map_err(|m| format!("--bench-kwargs/--bench-text: {m}")));
+        }
+    }
+    eprintln!("vox-serve: prompts built by the program's preprocess (Python)");
+    match host.call_method1("bench_requests", (spec.engine_id, config_json)) {
+        Ok(text) => {
+            let items = parse_list(&text.extract::<String>()?)?;
+            Ok(Ok(items.iter().map(requests::request).collect::<Result<Vec<_>, _>>().map_err(value_err)?))
+        }
+        Err(e) => Ok(Err(user_error(py, host, e)?)),
+    }
+}
+
+/// Serve `config` (VoxConfig.to_dict() as JSON); returns the process's exit status.
+#[pyfunction]
+fn serve(py: Python, config_json: &str) -> PyResult<i32> {
+    let config: Value = serde_json::from_str(config_json).map_err(|e| value_err(format!("config: {e}")))?;
+    let bench_cfg = section(&config, "bench")?;
+    let num_requests = bench_cfg.get("num_requests").and_then(Value::as_i64).unwrap_or(0);
+    if num_requests <= 0 {
+        return Err(PyRuntimeError::new_err(HTTP_NEXT_ISSUE));
+    }
+    let sched = SchedulerConfig::from_json(section(&config, "scheduler")?).map_err(value_err)?;
+    let host = py.import("vox_serve.rust_host")?;
+    let spec_json: String = host.call_method1("build_engine_spec", (config_json,))?.extract()?;
+    let spec_value: Value = serde_json::from_str(&spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
+    let spec = EngineSpec::from_json(&spec_value).map_err(value_err)?;
+    let use_rust = config.get("engine").and_then(|e| e.get("prompt_builder")).and_then(Value::as_str) != Some("python");
+    let builder_spec = spec_value.get("meta").and_then(|m| m.get("prompt_builder")).cloned().unwrap_or(Value::Null);
+    let builder = if use_rust { prompts::builder_of(&builder_spec).map_err(value_err)? } else { None };
+    let reqs = match bench_requests(py, host, &spec, config_json, builder.as_ref(), &builder_spec)? {
+        Ok(reqs) => reqs,
+        Err(message) => {
+            eprintln!("vox-serve: error: {message}");
+            return Ok(2);
+        }
+    };
+    let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched.clone(), Clock::Monotonic);
+    let trace = tracer(&sched)?;
+    let (outcomes, wall) = if spec.on_cuda() {
+        let stream: u64 = host.call_method1("launch_stream", (spec.device.as_str(),))?.extract()?;
+        let handles = PyHandles::new(py, host, &spec, Some(stream))?;
+        let launcher = CudaLauncher::new(&spec, stream, handles, trace.is_some()).map_err(value_err)?;
+        let worker = EngineWorker::new(&spec, launcher).map_err(value_err)?;
+        run_on_thread(py, EngineLoop::new(scheduler, worker, trace), reqs)?
+    } else {
+        let launcher = PyLauncher { handles: PyHandles::new(py, host, &spec, None)? };
+        let worker = EngineWorker::new(&spec, launcher).map_err(value_err)?;
+        run_on_thread(py, EngineLoop::new(scheduler, worker, trace), reqs)?
+    };
+    let out_dir = bench_cfg.get("out_dir").and_then(Value::as_str).map(PathBuf::from);
+    bench::report(&outcomes, wall, spec.meta.sample_rate, out_dir.as_deref()).map_err(value_err)
+}
+
+/// benchmark/host_cost.py `--runtime rust`: (seconds per step, decode rows, codec rows) of the Rust
+/// scheduler and driver over a built (null) engine's spec. `launcher`: "python" calls the spec's
+/// callables and planner through Python (the CPU path); "null" calls nothing (the host's own cost).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn host_cost(py: Python, spec_json: &str, scheduler_json: &str, launcher: &str, batch: usize, steps: usize,
+             prompt_len: usize, max_tokens: i64) -> PyResult<(f64, u64, u64)> {
+    use crate::serve::host_cost::{measure, NullLauncher, Workload};
+    let spec_value: Value = serde_json::from_str(spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
+    let spec = EngineSpec::from_json(&spec_value).map_err(value_err)?;
+    let sched_value: Value = serde_json::from_str(scheduler_json).map_err(|e| value_err(format!("scheduler: {e}")))?;
+    let sched = SchedulerConfig::from_json(&sched_value).map_err(value_err)?;
+    let load = Workload { batch, steps, prompt_len, max_tokens };
+    let cost = match launcher {
+        "null" => py.allow_threads(|| measure(&spec, sched, NullLauncher, &load)),
+        "python" => {
+            let host = py.import("vox_serve.rust_host")?;
+            let launcher = PyLauncher { handles: PyHandles::new(py, host, &spec, None)? };
+            measure(&spec, sched, launcher, &load)
+        }
+        other => return Err(value_err(format!("launcher {other:?}: expected python or null"))),
+    }.map_err(PyRuntimeError::new_err)?;
+    Ok((cost.seconds_per_step, cost.decode_rows, cost.codec_rows))
+}
+
+/// A scenario (JSON: meta, limits, scheduler, costs, arrivals) through the Rust scheduler on the
+/// simulated engine; returns JSON: the trace records and each request as its client saw it.
+#[pyfunction]
+fn simulate(py: Python, scenario_json: &str) -> PyResult<String> {
+    let scenario: Value = serde_json::from_str(scenario_json).map_err(|e| value_err(format!("scenario: {e}")))?;
+    let out = py.allow_threads(|| crate::sim::simulate(&scenario)).map_err(value_err)?;
+    Ok(out.to_string())
+}
+
+/// Requests (rust_host.py `_request_data` items, JSON) through the Rust scheduler and driver on a
+/// built engine's spec, on a scheduler thread; per request (req_id, finish reason, error, tokens
+/// generated, PCM). For tests that drive a program loaded by the test itself.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn run_requests(py: Python, spec_json: &str, scheduler_json: &str, requests_json: &str)
+                -> PyResult<Vec<(String, Option<String>, Option<String>, i64, PyObject)>> {
+    let spec_value: Value = serde_json::from_str(spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
+    let spec = EngineSpec::from_json(&spec_value).map_err(value_err)?;
+    let sched_value: Value = serde_json::from_str(scheduler_json).map_err(|e| value_err(format!("scheduler: {e}")))?;
+    let sched = SchedulerConfig::from_json(&sched_value).map_err(value_err)?;
+    let reqs = parse_list(requests_json)?.iter().map(requests::request).collect::<Result<Vec<_>, _>>()
+        .map_err(value_err)?;
+    if spec.on_cuda() {
+        return Err(value_err("run_requests drives CPU engines".into()));
+    }
+    let host = py.import("vox_serve.rust_host")?;
+    let launcher = PyLauncher { handles: PyHandles::new(py, host, &spec, None)? };
+    let worker = EngineWorker::new(&spec, launcher).map_err(value_err)?;
+    let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched, Clock::Monotonic);
+    let (outcomes, _) = run_on_thread(py, EngineLoop::new(scheduler, worker, None), reqs)?;
+    Ok(outcomes.into_iter().map(|o| {
+        let pcm = pyo3::types::PyBytes::new(py, &o.pcm).into_py(py);
+        (o.req.req_id, o.req.finish_reason, o.req.error, o.req.counters.num_generated, pcm)
+    }).collect())
+}
+
+pub fn register(m: &PyModule) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(run_requests, m)?)?;
+    m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(serve, m)?)?;
+    m.add_function(wrap_pyfunction!(host_cost, m)?)?;
+    m.add("HTTP_NEXT_ISSUE", HTTP_NEXT_ISSUE)?;
+    Ok(())
+}

@@ -1,0 +1,555 @@
+//! The request life cycle every policy shares (vox_serve/scheduler/base.py), in the same order of
+//! decisions: each step ready audio chunks are decoded, new requests are admitted and prefilled,
+//! every other running request decodes one token; results are applied by out kind alone.
+//!
+//! Requests live in a slab addressed by `ReqKey`; the slot table mirrors the counters of those
+//! holding a slot. Audio and ends go out as `Event`s, drained by whoever drives the scheduler.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use super::chunks::ChunkGeometry;
+use super::clock::Clock;
+use super::codec::CodecRows;
+use super::config::{EngineLimits, PolicyKind, ProgramMeta, SchedulerConfig};
+use super::deadline::DeadlineState;
+use super::plan::{LmLaunch, StepPlan, StepResult};
+use super::pool::PagePool;
+use super::table::{SlotState, SlotTable};
+use super::types::{OutKind, ReqKey, Request, RequestStatus};
+
+/// What the scheduler hands out: a chunk's PCM, or a request that has ended (with its final state).
+#[derive(Debug, Clone)]
+pub enum Event {
+    Audio { key: ReqKey, pcm: Vec<u8> },
+    Done(Box<Request>),
+}
+
+/// Why a request could not be queued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AddError {
+    /// Too many requests are waiting: retry later.
+    QueueFull(String),
+    Invalid(String),
+}
+
+impl std::fmt::Display for AddError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AddError::QueueFull(m) | AddError::Invalid(m) => f.write_str(m),
+        }
+    }
+}
+
+/// A planned step whose results have not been applied: the slot occupancies its rows belong to.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Flight {
+    pub prefill_slots: Vec<usize>,
+    pub prefill_occupancy: Vec<i64>,
+    pub prefill_sample: Vec<bool>,
+    pub decode_slots: Vec<usize>,
+    pub decode_occupancy: Vec<i64>,
+}
+
+/// Why each request got its rows this step (for traces), by stage.
+#[derive(Debug, Clone, Default)]
+pub struct Reasons {
+    pub codec: HashMap<ReqKey, String>,
+    pub prefill: HashMap<ReqKey, String>,
+    pub decode: HashMap<ReqKey, String>,
+}
+
+struct Entry {
+    generation: u32,
+    req: Option<Request>,
+}
+
+pub struct Scheduler {
+    pub meta: ProgramMeta,
+    pub limits: EngineLimits,
+    pub config: SchedulerConfig,
+    pub clock: Clock,
+    pub pool: PagePool<ReqKey>,
+    pub geometry: ChunkGeometry,
+    pub table: SlotTable,
+    entries: Vec<Entry>,
+    free_entries: Vec<u32>,
+    by_id: HashMap<String, ReqKey>,
+    pub waiting: VecDeque<ReqKey>,
+    pub running: Vec<ReqKey>,
+    pub draining: Vec<ReqKey>,
+    pub step_id: i64,
+    pub now: f64,
+    pub reasons: Reasons,
+    pub notes: Vec<String>,
+    pub events: Vec<Event>,
+    pub(super) flights: BTreeMap<i64, Flight>,
+    free_later: Vec<(ReqKey, i64)>,
+    pub(super) planned: Vec<bool>,
+    pub(super) running_slots: Vec<usize>,
+    pub(super) pages: Vec<(Vec<i32>, Vec<i32>, Vec<i32>)>,
+    pub(super) admits: Vec<super::plan::SlotInit>,
+    pub(super) codec_rows: CodecRows,
+    pub(super) deadline: Option<DeadlineState>,
+}
+
+impl Scheduler {
+    pub fn new(meta: ProgramMeta, limits: EngineLimits, config: SchedulerConfig, clock: Clock) -> Scheduler {
+        let geometry = ChunkGeometry::new(&meta, &limits);
+        let slots = limits.slots();
+        let deadline = (config.policy == PolicyKind::Deadline).then(|| DeadlineState::new(&config));
+        let now = clock.now();
+        Scheduler {
+            pool: PagePool::new(limits.num_pages, limits.page_size),
+            table: SlotTable::new(slots, geometry),
+            geometry, meta, limits, config, clock, entries: Vec::new(), free_entries: Vec::new(),
+            by_id: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), draining: Vec::new(),
+            step_id: 0, now, reasons: Reasons::default(), notes: Vec::new(), events: Vec::new(),
+            flights: BTreeMap::new(), free_later: Vec::new(), planned: vec![false; slots],
+            running_slots: Vec::new(), pages: Vec::new(), admits: Vec::new(), codec_rows: CodecRows::default(),
+            deadline,
+        }
+    }
+
+    pub fn policy(&self) -> PolicyKind {
+        self.config.policy
+    }
+
+    // ---- the request slab ----------------------------------------------------------------
+    pub fn req(&self, key: ReqKey) -> &Request {
+        self.get(key).expect("a live request key")
+    }
+
+    pub fn req_mut(&mut self, key: ReqKey) -> &mut Request {
+        let entry = &mut self.entries[key.index as usize];
+        assert_eq!(entry.generation, key.generation, "a stale request key");
+        entry.req.as_mut().expect("a live request key")
+    }
+
+    pub fn get(&self, key: ReqKey) -> Option<&Request> {
+        let entry = self.entries.get(key.index as usize)?;
+        if entry.generation != key.generation {
+            return None;
+        }
+        entry.req.as_ref()
+    }
+
+    pub fn key_of(&self, req_id: &str) -> Option<ReqKey> {
+        self.by_id.get(req_id).copied()
+    }
+
+    /// The key of the request in `slot` (which holds one).
+    pub(super) fn key_at(&self, slot: usize) -> ReqKey {
+        self.table.requests[slot].expect("a slot with a request")
+    }
+
+    fn insert(&mut self, req: Request) -> ReqKey {
+        let index = match self.free_entries.pop() {
+            Some(i) => i,
+            None => {
+                self.entries.push(Entry { generation: 0, req: None });
+                (self.entries.len() - 1) as u32
+            }
+        };
+        let entry = &mut self.entries[index as usize];
+        entry.generation = entry.generation.wrapping_add(1);
+        entry.req = Some(req);
+        ReqKey { index, generation: entry.generation }
+    }
+
+    fn remove(&mut self, key: ReqKey) -> Request {
+        let req = self.entries[key.index as usize].req.take().expect("a live request key");
+        self.free_entries.push(key.index);
+        self.by_id.remove(&req.req_id);
+        req
+    }
+
+    /// A request's counter, from the slot table while it holds a slot.
+    pub fn counter(&self, key: ReqKey, pick: fn(&crate::sched::types::Counters) -> i64) -> i64 {
+        let req = self.req(key);
+        match req.slot {
+            Some(slot) => pick(&self.table.counters(slot)),
+            None => pick(&req.counters),
+        }
+    }
+
+    pub fn num_generated(&self, key: ReqKey) -> i64 {
+        self.counter(key, |c| c.num_generated)
+    }
+
+    pub fn num_pending(&self, key: ReqKey) -> i64 {
+        self.counter(key, |c| c.num_pending)
+    }
+
+    pub fn num_computed(&self, key: ReqKey) -> i64 {
+        self.counter(key, |c| c.num_computed)
+    }
+
+    pub fn num_codes(&self, key: ReqKey) -> i64 {
+        self.counter(key, |c| c.num_codes)
+    }
+
+    pub fn next_chunk(&self, key: ReqKey) -> i64 {
+        self.counter(key, |c| c.next_chunk)
+    }
+
+    pub fn total_len(&self, key: ReqKey) -> i64 {
+        self.req(key).prompt_len() + self.num_generated(key)
+    }
+
+    // ---- requests in and out -------------------------------------------------------------
+    /// Queue a request (its arrival is now).
+    pub fn add_request(&mut self, mut req: Request) -> Result<ReqKey, AddError> {
+        if self.by_id.contains_key(&req.req_id) {
+            return Err(AddError::Invalid(format!("request id {:?} is already in use", req.req_id)));
+        }
+        let prompt_len = req.prompt_len();
+        if prompt_len + 1 > self.limits.max_model_len {
+            return Err(AddError::Invalid(format!("prompt of {prompt_len} tokens exceeds max_model_len {}",
+                                                 self.limits.max_model_len)));
+        }
+        let pages = (prompt_len + 1 + self.limits.page_size - 1) / self.limits.page_size;
+        if pages > self.pool.num_usable() as i64 {
+            return Err(AddError::Invalid(format!("prompt of {prompt_len} tokens does not fit in the KV cache")));
+        }
+        if req.prompt.columns > self.meta.input_columns {
+            return Err(AddError::Invalid(format!("prompt rows have {} ids; the model takes {}", req.prompt.columns,
+                                                 self.meta.input_columns)));
+        }
+        if self.waiting.len() >= self.config.max_queued_requests {
+            return Err(AddError::QueueFull(format!("{} requests are already waiting", self.waiting.len())));
+        }
+        req.stats.arrival = self.clock.now();
+        let id = req.req_id.clone();
+        let key = self.insert(req);
+        self.by_id.insert(id, key);
+        self.waiting.push_back(key);
+        Ok(key)
+    }
+
+    pub fn abort(&mut self, req_id: &str, reason: &str) -> bool {
+        match self.key_of(req_id) {
+            None => false,
+            Some(key) => {
+                self.end(key, RequestStatus::Aborted, Some(reason.to_string()), None);
+                true
+            }
+        }
+    }
+
+    /// More streamed text for an input-streaming request (scheduler/text_input.py `extend`).
+    pub fn append_text(&mut self, req_id: &str, ids: &[i32], ended: bool) -> Result<(), String> {
+        let key = match self.key_of(req_id) {
+            None => return Ok(()),
+            Some(key) => key,
+        };
+        let req = self.req_mut(key);
+        let feed = req.text_feed.as_mut().ok_or_else(|| format!("request {req_id} does not stream its text"))?;
+        if feed.ended && !ids.is_empty() {
+            return Err(format!("request {req_id}: text after its end"));
+        }
+        feed.ids.extend_from_slice(ids);
+        feed.ended = feed.ended || ended;
+        let limit = feed.limit();
+        if let Some(slot) = req.slot {
+            self.table.text_limit[slot] = limit;
+        }
+        Ok(())
+    }
+
+    /// Whether the slot's next LM row needs streamed text that has not arrived.
+    pub(super) fn text_waiting(&self, slot: usize) -> bool {
+        let t = &self.table;
+        t.num_generated[slot] + t.num_pending[slot] - 1 >= t.text_limit[slot]
+    }
+
+    /// Whether the request (waiting or running) needs text it does not have for its next LM row.
+    pub fn waits_for_text(&self, key: ReqKey) -> bool {
+        let req = self.req(key);
+        if !matches!(req.status, RequestStatus::Waiting | RequestStatus::Running) {
+            return false;
+        }
+        let pos = self.total_len(key) + self.num_pending(key) - 1;
+        match &req.text_feed {
+            None => false,
+            Some(feed) => !(pos < req.prompt_len() || feed.has(pos - req.prompt_len())),
+        }
+    }
+
+    pub fn num_waiting_for_text(&self) -> usize {
+        let t = &self.table;
+        (0..t.num_slots)
+            .filter(|&s| matches!(t.state[s], SlotState::Running | SlotState::Waiting) && self.text_waiting(s))
+            .count()
+    }
+
+    /// Running requests not waiting for text (what admission counts against the batch).
+    pub fn num_generating(&self) -> usize {
+        let t = &self.table;
+        (0..t.num_slots).filter(|&s| t.state[s] == SlotState::Running && !self.text_waiting(s)).count()
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.by_id.is_empty()
+    }
+
+    pub fn num_active(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn num_in_flight(&self) -> usize {
+        self.flights.len()
+    }
+
+    /// When a policy holding work back plans it without any new event (None: never waits).
+    pub fn next_wakeup(&self) -> Option<f64> {
+        match self.policy() {
+            PolicyKind::Online => self.online_next_wakeup(),
+            PolicyKind::Deadline => self.deadline_next_wakeup(),
+            PolicyKind::Base | PolicyKind::Offline => None,
+        }
+    }
+
+    // ---- planning ------------------------------------------------------------------------
+    pub fn schedule(&mut self) -> StepPlan {
+        if self.policy() == PolicyKind::Deadline {
+            self.measure_step_period();
+        }
+        self.step_id += 1;
+        self.now = self.clock.now();
+        self.reasons = Reasons::default();
+        self.notes.clear();
+        self.planned.iter_mut().for_each(|p| *p = false);
+        self.running_slots = self.table.slots_in(SlotState::Running);
+        self.pages.clear();
+        self.admits.clear();
+        self.codec_rows = CodecRows::default();
+        let mut plan = StepPlan { step_id: self.step_id, ..StepPlan::default() };
+        self.select_codec();
+        plan.codec = std::mem::take(&mut self.codec_rows).launch();
+        plan.prefill = self.select_prefill();
+        plan.decode = self.select_decode();
+        plan.admits = std::mem::take(&mut self.admits);
+        for (slot, index, page) in self.pages.drain(..) {
+            plan.pages.slot.extend(slot);
+            plan.pages.index.extend(index);
+            plan.pages.page.extend(page);
+        }
+        self.record_flight(&plan);
+        if self.policy() == PolicyKind::Deadline {
+            let planned = plan.num_lm_rows() > 0;
+            self.deadline_mut().last_planned = if planned { Some(self.now) } else { None };
+        }
+        plan
+    }
+
+    fn record_flight(&mut self, plan: &StepPlan) {
+        if plan.is_empty() {
+            return;
+        }
+        let prefill: Vec<usize> = plan.prefill.slot.iter().map(|&s| s as usize).collect();
+        let decode: Vec<usize> = plan.decode.slot.iter().map(|&s| s as usize).collect();
+        let t = &mut self.table;
+        let flight = Flight {
+            prefill_occupancy: prefill.iter().map(|&s| t.occupancy[s]).collect(),
+            prefill_sample: plan.prefill.sample.clone(),
+            decode_occupancy: decode.iter().map(|&s| t.occupancy[s]).collect(),
+            prefill_slots: prefill,
+            decode_slots: decode,
+        };
+        for &s in flight.prefill_slots.iter().chain(&flight.decode_slots) {
+            t.lm_step[s] = plan.step_id;
+        }
+        for &s in &plan.codec.slot {
+            t.codec_step[s as usize] = plan.step_id;
+        }
+        self.flights.insert(plan.step_id, flight);
+    }
+
+    /// The request has an LM row in the plan: its KV up to kv_len counts as computed.
+    pub(super) fn mark_row(&mut self, slot: usize, kv_len: i64, sample: bool) {
+        let t = &mut self.table;
+        t.num_computed[slot] = kv_len;
+        t.num_pending[slot] += i64::from(sample);
+        t.last_decode[slot] = self.now;
+        self.planned[slot] = true;
+    }
+
+    // ---- results -------------------------------------------------------------------------
+    /// Apply a step's results; its PCM moves into the audio events (no copy).
+    pub fn update(&mut self, plan: &StepPlan, result: &mut StepResult) {
+        let now = self.clock.now();
+        if let Some(flight) = self.flights.remove(&plan.step_id) {
+            let prefill_kinds = &result.prefill_kind;
+            self.apply(&flight.prefill_slots, &flight.prefill_occupancy, Some(&flight.prefill_sample), prefill_kinds,
+                       now);
+            self.apply(&flight.decode_slots, &flight.decode_occupancy, None, &result.decode_kind, now);
+        }
+        for (i, &key) in plan.codec.keys.iter().enumerate() {
+            if self.get(key).is_some() {
+                self.on_audio(key, std::mem::take(&mut result.pcm[i]), now);
+            }
+        }
+        self.retire_drained();
+        self.free_landed_pages();
+    }
+
+    /// One launch's out kinds, for the rows whose request still holds the slot.
+    fn apply(&mut self, slots: &[usize], occupancy: &[i64], sample: Option<&Vec<bool>>, kinds: &[i32], now: f64) {
+        let mut live = Vec::with_capacity(slots.len());
+        for (i, &slot) in slots.iter().enumerate() {
+            let sampled = sample.map_or(true, |s| s[i]);
+            if self.table.occupancy[slot] == occupancy[i] && sampled {
+                self.table.num_pending[slot] -= 1;
+                if self.table.state[slot] == SlotState::Running {
+                    live.push((slot, OutKind::from_i32(kinds[i])));
+                }
+            }
+        }
+        let mut stops = Vec::new();
+        let mut full = Vec::new();
+        for &(slot, _) in &live {
+            if self.table.num_generated[slot] == 0 {
+                let key = self.key_at(slot);
+                let stats = &mut self.req_mut(key).stats;
+                stats.first_token = stats.first_token.or(Some(now));
+            }
+        }
+        for &(slot, kind) in &live {
+            let t = &mut self.table;
+            if kind != OutKind::Stop {
+                t.num_generated[slot] += 1;
+            }
+            if kind.is_audio() {
+                t.num_codes[slot] += self.meta.codes_per_step;
+            }
+            if kind.stops() {
+                stops.push(slot);
+            } else if t.num_generated[slot] >= t.max_tokens[slot]
+                || t.prompt_len[slot] + t.num_generated[slot] >= self.limits.max_model_len
+            {
+                full.push(slot);
+            }
+        }
+        for slot in stops {
+            self.finish_generation(self.key_at(slot), "stop");
+        }
+        for slot in full {
+            self.finish_generation(self.key_at(slot), "length");
+        }
+    }
+
+    fn on_audio(&mut self, key: ReqKey, pcm: Vec<u8>, now: f64) {
+        let stats = &mut self.req_mut(key).stats;
+        if stats.first_audio.is_none() {
+            stats.first_audio = Some(now);
+        }
+        let samples = (pcm.len() / 2) as i64;
+        stats.num_audio_samples += samples;
+        stats.last_chunk_samples = samples;
+        self.events.push(Event::Audio { key, pcm });
+    }
+
+    fn finish_generation(&mut self, key: ReqKey, reason: &str) {
+        let req = self.req_mut(key);
+        req.finish_reason = Some(reason.to_string());
+        req.status = RequestStatus::Draining;
+        let slot = req.slot.expect("a running request holds a slot");
+        self.table.state[slot] = SlotState::Draining;
+        self.free_pages(key);
+        self.running.retain(|&k| k != key);
+        self.draining.push(key);
+    }
+
+    /// Draining requests with no chunk left, and none on the device, are finished (slot order).
+    fn retire_drained(&mut self) {
+        let t = &self.table;
+        let done: Vec<usize> = (0..t.num_slots)
+            .filter(|&s| t.state[s] == SlotState::Draining)
+            .filter(|&s| !t.ready(s) && !self.flights.contains_key(&t.codec_step[s]))
+            .collect();
+        for slot in done {
+            let key = self.key_at(slot);
+            let reason = self.req(key).finish_reason.clone();
+            self.end(key, RequestStatus::Finished, reason, None);
+        }
+    }
+
+    /// A step failed: fail exactly the requests it carried; the others go on.
+    pub fn fail(&mut self, plan: &StepPlan, error: &str) {
+        self.flights.remove(&plan.step_id);
+        let keys = plan.prefill.keys.iter().chain(&plan.decode.keys).chain(&plan.codec.keys).copied();
+        for key in keys.collect::<Vec<_>>() {
+            if self.get(key).is_some() {
+                self.end(key, RequestStatus::Failed, Some("error".into()), Some(error.to_string()));
+            }
+        }
+        self.free_landed_pages();
+    }
+
+    pub(super) fn end(&mut self, key: ReqKey, status: RequestStatus, reason: Option<String>, error: Option<String>) {
+        self.free_pages(key);
+        let mut req = self.remove(key);
+        self.table.release(key, &mut req);
+        self.running.retain(|&k| k != key);
+        self.draining.retain(|&k| k != key);
+        self.waiting.retain(|&k| k != key);
+        req.status = status;
+        req.finish_reason = reason;
+        req.error = error;
+        req.stats.finished = Some(self.clock.now());
+        self.events.push(Event::Done(Box::new(req)));
+    }
+
+    /// A request's pages go back now, or once no step in flight writes them.
+    fn free_pages(&mut self, key: ReqKey) {
+        let slot = self.get(key).and_then(|r| r.slot);
+        match slot {
+            Some(s) if self.lm_in_flight(s) => {
+                let step = self.table.lm_step[s];
+                match self.free_later.iter_mut().find(|(k, _)| *k == key) {
+                    Some(entry) => entry.1 = step,
+                    None => self.free_later.push((key, step)),
+                }
+            }
+            _ => {
+                self.pool.free(key);
+            }
+        }
+    }
+
+    fn free_landed_pages(&mut self) {
+        let flights = &self.flights;
+        let (landed, later): (Vec<_>, Vec<_>) = self.free_later.drain(..).partition(|(_, s)| !flights.contains_key(s));
+        self.free_later = later;
+        for (key, _) in landed {
+            self.pool.free(key);
+        }
+    }
+
+    /// Whether a step still on the device has an LM row of the slot's request.
+    pub fn lm_in_flight(&self, slot: usize) -> bool {
+        self.flights.contains_key(&self.table.lm_step[slot])
+    }
+
+    /// A check for tests: pages and slots are all accounted for, and none is held once idle.
+    pub fn check_idle(&self) -> Result<(), String> {
+        self.pool.check()?;
+        if self.has_work() {
+            return Err(format!("{} requests are still active", self.num_active()));
+        }
+        if self.pool.num_free() != self.pool.num_usable() || self.table.num_held() != 0 {
+            return Err(format!("{} pages and {} slots are still held", self.pool.num_usable() - self.pool.num_free(),
+                               self.table.num_held()));
+        }
+        Ok(())
+    }
+
+    /// Prefill rows as a launch (empty when there are none).
+    pub(super) fn empty_launch(&self) -> LmLaunch {
+        LmLaunch::empty(self.meta.input_columns)
+    }
+
+    pub(super) fn push_pages(&mut self, slots: Vec<i32>, index: Vec<i32>, pages: Vec<i32>) {
+        self.pages.push((slots, index, pages));
+    }
+}

@@ -1,0 +1,99 @@
+//! The core loop: schedule, launch, collect, update (vox_serve/engine_loop.py, synchronous). Any
+//! `Worker` drives it: the engine driver, or the simulated engine.
+
+use std::time::Instant;
+
+use super::base::Scheduler;
+use super::plan::{StepPlan, StepResult};
+use super::trace::Tracer;
+
+/// Empty plans in a row, with requests waiting, before the queue head is stalled.
+const MAX_IDLE_STEPS: u32 = 3;
+/// Longest wait when only text that has not arrived can unblock the requests.
+pub const TEXT_WAIT_S: f64 = 0.05;
+/// How long to wait after an empty step with nothing held back.
+const IDLE_WAIT_S: f64 = 0.001;
+
+pub trait Worker {
+    type Handle;
+    /// What stage times measure: "cuda" events, "wall" time or a "sim" cost model.
+    fn timer(&self) -> &'static str;
+    fn launch(&mut self, plan: &StepPlan) -> Result<Self::Handle, String>;
+    fn collect(&mut self, handle: Self::Handle) -> Result<StepResult, String>;
+}
+
+pub struct EngineLoop<W: Worker> {
+    pub scheduler: Scheduler,
+    pub worker: W,
+    pub tracer: Option<Tracer>,
+    pub num_steps: u64,
+    idle_steps: u32,
+}
+
+impl<W: Worker> EngineLoop<W> {
+    pub fn new(scheduler: Scheduler, worker: W, mut tracer: Option<Tracer>) -> EngineLoop<W> {
+        if let Some(t) = tracer.as_mut() {
+            t.header(&scheduler, worker.timer());
+        }
+        EngineLoop { scheduler, worker, tracer, num_steps: 0, idle_steps: 0 }
+    }
+
+    pub fn busy(&self) -> bool {
+        self.scheduler.has_work()
+    }
+
+    /// One step; false when nothing was planned. A failing step fails only its requests.
+    pub fn step(&mut self) -> bool {
+        let start = Instant::now();
+        let plan = self.scheduler.schedule();
+        if plan.is_empty() {
+            return false;
+        }
+        self.num_steps += 1;
+        if let Some(t) = self.tracer.as_mut() {
+            t.decision(&self.scheduler, &plan, start.elapsed().as_secs_f64());
+        }
+        let outcome = self.worker.launch(&plan).and_then(|handle| self.worker.collect(handle));
+        match outcome {
+            Ok(mut result) => {
+                if let Some(t) = self.tracer.as_mut() {
+                    t.stages(&plan, &result);
+                }
+                self.scheduler.update(&plan, &mut result);
+            }
+            Err(error) => {
+                eprintln!("vox-serve: step {} failed: {error}", plan.step_id);
+                self.scheduler.fail(&plan, &error);
+            }
+        }
+        true
+    }
+
+    /// Step once if there is work: None when idle, else how long the caller may wait (0 after a
+    /// step; the policy's own delay when it holds audio back). Empty plans in a row with nothing
+    /// held back mean the queue's head can never be admitted: it is failed rather than left to spin.
+    pub fn poll(&mut self) -> Option<f64> {
+        if !self.busy() {
+            return None;
+        }
+        if self.step() {
+            self.idle_steps = 0;
+            return Some(0.0);
+        }
+        if let Some(wake) = self.scheduler.next_wakeup() {
+            return Some((wake - self.scheduler.clock.now()).max(0.0));
+        }
+        if self.scheduler.num_waiting_for_text() > 0 {
+            return Some(TEXT_WAIT_S);
+        }
+        self.idle_steps += 1;
+        if self.idle_steps >= MAX_IDLE_STEPS {
+            if let Some(&head) = self.scheduler.waiting.front() {
+                self.idle_steps = 0;
+                let id = self.scheduler.req(head).req_id.clone();
+                self.scheduler.abort(&id, "stalled: the KV cache cannot hold this request");
+            }
+        }
+        Some(IDLE_WAIT_S)
+    }
+}

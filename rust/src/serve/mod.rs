@@ -1,0 +1,10 @@
+//! `_rt.serve(config_json)`: the Rust runtime's entry point (vox_serve/launch.py). Per replica the
+//! engine is built by `vox_serve.engine.build_engine` in this interpreter; a scheduler thread then
+//! serves it from its spec alone. This build serves bench mode; HTTP serving is the next issue.
+
+pub mod bench;
+pub mod cuda_launcher;
+pub mod host_cost;
+pub mod prompts;
+pub mod py_launcher;
+pub mod requests;

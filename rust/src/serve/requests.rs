@@ -1,0 +1,42 @@
+//! Requests as plain data (vox_serve/rust_host.py `_request_data`) into scheduler requests.
+
+use serde_json::Value;
+
+use crate::sched::config::{boolean, float, get, int, string};
+use crate::sched::types::{Conditioning, Prompt, Request, SamplingParams};
+
+fn floats(v: &Value, what: &str) -> Result<Vec<f32>, String> {
+    v.as_array().ok_or(format!("{what} is not a list"))?.iter()
+        .map(|x| x.as_f64().map(|x| x as f32).ok_or(format!("{what} holds a non-number"))).collect()
+}
+
+fn sampling(s: &Value) -> Result<SamplingParams, String> {
+    let p = "sampling.";
+    Ok(SamplingParams {
+        temperature: float(s, p, "temperature")?, top_k: int(s, p, "top_k")?, top_p: float(s, p, "top_p")?,
+        min_p: float(s, p, "min_p")?, repetition_penalty: float(s, p, "repetition_penalty")?,
+        repetition_window: int(s, p, "repetition_window")?, max_tokens: int(s, p, "max_tokens")?,
+        ignore_eos: boolean(s, p, "ignore_eos")?, seed: int(s, p, "seed")?,
+    })
+}
+
+pub fn request(r: &Value) -> Result<Request, String> {
+    let p = "request.";
+    let rows = get(r, p, "ids")?.as_array().ok_or("request.ids is not a list")?.iter()
+        .map(|row| row.as_array().ok_or("request.ids holds a non-list")?.iter()
+            .map(|id| id.as_i64().ok_or("request.ids holds a non-integer")).collect::<Result<Vec<_>, _>>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut prompt = Prompt::from_rows(&rows)?;
+    for v in get(r, p, "vectors")?.as_array().ok_or("request.vectors is not a list")? {
+        let pos = v.get(0).and_then(Value::as_u64).ok_or("request.vectors[][0] is not a position")? as usize;
+        prompt.vectors.push((pos, floats(v.get(1).unwrap_or(&Value::Null), "request.vectors[][1]")?));
+    }
+    for c in get(r, p, "conditioning")?.as_array().ok_or("request.conditioning is not a list")? {
+        let name = c.get(0).and_then(Value::as_str).ok_or("request.conditioning[][0] is not a name")?;
+        let rows = c.get(1).and_then(Value::as_u64).ok_or("request.conditioning[][1] is not a size")? as usize;
+        let values = floats(c.get(2).unwrap_or(&Value::Null), "request.conditioning[][2]")?;
+        prompt.conditioning.push(Conditioning { name: name.to_string(), rows, values });
+    }
+    let streaming = r.get("streaming").and_then(Value::as_bool).unwrap_or(true);
+    Ok(Request::new(string(r, p, "req_id")?, prompt, sampling(get(r, p, "sampling")?)?, streaming))
+}
