@@ -103,6 +103,11 @@ impl ProgramMeta {
             return Err("meta.layout.kv_streams: paired KV streams (classifier-free guidance rows) are not \
                         supported by the Rust runtime yet; serve this model with --runtime python".into());
         }
+        if m.get("codec_pads_end").and_then(Value::as_bool).unwrap_or(false) {
+            return Err("meta.codec_pads_end: a codec that pads at the sequence end (final chunks past the \
+                        lookahead) is not supported by the Rust runtime yet; serve this model with --runtime python"
+                .into());
+        }
         let slot_fields = match layout.get("slot_fields") {
             Some(Value::Array(items)) => items.iter().map(|f| -> Result<SlotField, String> {
                 let shape = get(f, "meta.layout.slot_fields[].", "shape")?.as_array()
