@@ -126,7 +126,7 @@ def test_every_policy_and_mode_serves_the_same_frames_and_audio(tiny_csm_dir: Pa
     history on the device and keeps its Mimi state."""
     _, fields, base_reqs, want = served
     options = {"first-chunk": {"first_chunk_frames": 1}, "one-chunk": {"frames_per_chunk": FRAMES},
-               "preemption": {"max_num_pages": 6}}.get(how, {})  # 14 pages at the peak; the context request alone takes 6
+               "preemption": {"max_num_pages": 6}}.get(how, {})  # 14 at the peak, 6 for one
     program, config = make_program(tiny_csm_dir, policy=how if how in POLICIES else "base", **options)
     preempted: list[str] = []
     original = Scheduler._preempt
