@@ -86,12 +86,22 @@ def parse_fields(fields: dict[str, Any], ids: PromptIds) -> CsmFields:
                      context=tuple(_turn(f"context[{i}]", turn, ids) for i, turn in enumerate(context)))
 
 
+def _integer(value: Any) -> int | None:
+    """`value` as an int when JSON would call it an integer (`3` or `3.0`, as the common fields take them)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    return int(value) if isinstance(value, float) and value.is_integer() else None
+
+
 def parse_speaker(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    speaker = _integer(value)
+    if speaker is None:
         raise FieldError(name, f"must be an integer speaker id, got {type(value).__name__}")
-    if not 0 <= value <= MAX_SPEAKER_ID:
+    if not 0 <= speaker <= MAX_SPEAKER_ID:
         raise FieldError(name, f"must be in [0, {MAX_SPEAKER_ID}]")
-    return value
+    return speaker
 
 
 def _turn(name: str, turn: Any, ids: PromptIds) -> ContextTurn:
@@ -122,9 +132,10 @@ def _codes(name: str, codes: Any, ids: PromptIds) -> tuple[tuple[int, ...], ...]
     for i, frame in enumerate(codes):
         if not isinstance(frame, list | tuple) or len(frame) != ids.num_codebooks:
             raise FieldError(f"{name}[{i}]", f"must be a list of {ids.num_codebooks} codes")
-        if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < ids.codebook_size for c in frame):
+        ints = tuple(_integer(c) for c in frame)
+        if not all(c is not None and 0 <= c < ids.codebook_size for c in ints):
             raise FieldError(f"{name}[{i}]", f"codes must be integers in [0, {ids.codebook_size})")
-        frames.append(tuple(frame))
+        frames.append(ints)
     return tuple(frames)
 
 
