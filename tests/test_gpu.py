@@ -6,6 +6,7 @@ serves; CSM (graphs == eager on csm-tiny, CSM-1B with dummy weights serves)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -148,24 +149,21 @@ def test_flashinfer_equals_torch_backend(dtype: torch.dtype) -> None:
         assert torch.equal(ref.kv_caches[0], fi.kv_caches[0])
 
 
-def test_orpheus_3b_dummy_loads_and_serves() -> None:
-    cmd = [sys.executable, "-m", "vox_serve.launch", "--model", "orpheus", "--load-format", "dummy",
+# (model, bench kwargs, weights MiB range): the full-size layouts with dummy weights in bfloat16, graphs on
+FULL_SIZE_DUMMIES = [
+    ("orpheus", {"max_tokens": 70, "ignore_eos": True}, (5500, 7500)),  # 3.3B parameters (LM) + SNAC
+    # CSM-1B: 1.68B parameters (backbone 1.37B, depth decoder 0.18B, Mimi decoder and encoder 0.13B)
+    ("csm", {"max_tokens": 25, "ignore_eos": True, "speaker": 1}, (3000, 3500)),
+]
+
+
+@pytest.mark.parametrize("model,fields,weights_range", FULL_SIZE_DUMMIES, ids=[m[0] for m in FULL_SIZE_DUMMIES])
+def test_full_size_dummy_loads_and_serves(model: str, fields: dict, weights_range: tuple[int, int]) -> None:
+    cmd = [sys.executable, "-m", "vox_serve.launch", "--model", model, "--load-format", "dummy",
            "--device", "cuda", "--bench-requests", "2", "--max-model-len", "512", "--max-batch-size", "8",
-           "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']
+           "--bench-kwargs", json.dumps(fields)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     weights_mib = float(re.search(r"weights (\d+) MiB", proc.stderr).group(1))
-    assert 5500 < weights_mib < 7500  # 3.3B bf16 parameters (LM) + SNAC
-    assert proc.stdout.count(" length") == 2
-
-
-def test_csm_1b_dummy_loads_and_serves() -> None:
-    """The full-size CSM-1B layout with dummy weights in bfloat16, graphs on, through bench mode."""
-    cmd = [sys.executable, "-m", "vox_serve.launch", "--model", "csm", "--load-format", "dummy",
-           "--device", "cuda", "--bench-requests", "2", "--max-model-len", "512", "--max-batch-size", "8",
-           "--bench-kwargs", '{"max_tokens": 25, "ignore_eos": true, "speaker": 1}']
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    weights_mib = float(re.search(r"weights (\d+) MiB", proc.stderr).group(1))
-    assert 3000 < weights_mib < 3500  # 1.68B bf16 parameters: backbone 1.37B, depth 0.18B, Mimi 0.13B
+    assert weights_range[0] < weights_mib < weights_range[1]
     assert proc.stdout.count(" length") == 2
