@@ -207,6 +207,19 @@ def test_depth_decoder_parameters_reach_the_stage(tiny_csm_dir: Path) -> None:
             assert rest[0].tolist() == frame
 
 
+def test_a_huge_depth_top_k_keeps_every_id_as_zero_does(tiny_csm_dir: Path) -> None:
+    """depth_decoder_top_k is a 64-bit integer field; past the vocabulary it is no limit (the slot field holds
+    it as float32, where 2**63 - 1 would not survive)."""
+    program, config = make_program(tiny_csm_dir)
+    fields = {"text": "Hello there.", "max_tokens": 4, "seed": 5}
+    off, huge = (run_requests(program, config, [{**fields, "depth_decoder_top_k": k}], greedy=False)[0].tokens
+                 for k in (0, 2**63 - 1))
+    assert off == huge
+    slot_field = program.preprocess({**fields, "depth_decoder_top_k": 2**63 - 1}).conditioning["depth_sampling"]
+    assert np.allclose(slot_field, [0.9, 2051, 1.0])  # temperature, top_k (bounded by the vocabulary), top_p
+    assert run_requests(program, config, [{**fields, "depth_decoder_top_k": 1}], greedy=False)[0].tokens != off
+
+
 def _causal(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Whole-sequence causal attention, q [T, Hq, D], k/v [T, Hkv, D]."""
     out = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),

@@ -137,7 +137,9 @@ class CsmProgram(Program):
             where = "context" if parsed.context else "text"
             raise FieldError(where, f"the prompt is {len(rows)} positions (context audio frames included); the model "
                                     f"takes fewer than {self.meta.max_model_len} (--max-model-len)")
-        depth = [fields.get(name, self.meta.default_sampling[name]) for name in DEPTH_FIELDS]
+        temperature, top_k, top_p = (fields.get(name, self.meta.default_sampling[name]) for name in DEPTH_FIELDS)
+        # a top-k past the vocabulary keeps every id, as 0 does; bounded, it stays exact in the float32 slot field
+        depth = [temperature, min(top_k, self.m.config.codebook_vocab), top_p]
         return Prompt.of(rows, conditioning={DEPTH_SAMPLING.name: np.asarray(depth, dtype=np.float32)})
 
     def warm_up_eager(self) -> None:
