@@ -74,8 +74,8 @@ def test_info_and_openapi_say_what_csm_takes(server: Server) -> None:
     assert info["aliases"] == {}  # `speaker` is CSM's own field, not an alias of `voice`
     assert {"speaker", "context", "depth_decoder_temperature"} <= set(info["accepted_fields"])
     assert "voice" not in info["accepted_fields"] and info["supports_reference_audio"] is False
-    turn = info["model_fields"]["context"]["items"]
-    assert info["model_fields"]["speaker"]["type"] == "integer" and set(turn["properties"]) == {
+    turn = info["field_schemas"]["context"]["items"]
+    assert info["field_schemas"]["speaker"]["type"] == "integer" and set(turn["properties"]) == {
         "text", "speaker", "audio", "codes"}
     assert info["default_sampling"]["depth_decoder_temperature"] == 0.9
     body = server.client.get("/openapi.json").json()["paths"]["/generate"]["post"]["requestBody"]["content"]

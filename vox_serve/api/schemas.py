@@ -207,7 +207,7 @@ class InfoResponse(BaseModel):
     languages: list[str]
     accepted_fields: list[str]
     aliases: dict[str, str]
-    model_fields: dict[str, Any] = Field(description="JSON schemas of the fields this model defines itself "
+    field_schemas: dict[str, Any] = Field(description="JSON schemas of the fields this model defines itself "
                                                      "(CSM: `speaker`, `context`, depth-decoder sampling).")
     default_sampling: dict[str, Any]
     supports_input_streaming: bool
