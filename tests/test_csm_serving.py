@@ -33,6 +33,8 @@ from vox_serve.models.csm.context import encode_context
 from vox_serve.models.csm.loader import load_csm
 from vox_serve.models.csm.program import DEFAULT_SAMPLING
 from vox_serve.models.csm.prompt import build_prompt, parse_fields
+from vox_serve.models.registry import FAMILIES, family_of
+from vox_serve.rt.checkpoint import CheckpointError
 from vox_serve.scheduler.base import Scheduler
 
 AUDIO_LSB = 2  # int16 steps between served PCM and the reference's audio (float32 rounding at the boundary)
@@ -248,3 +250,12 @@ def test_generation_config_sets_the_defaults(tiny_csm_dir: Path, tmp_path: Path)
     d = program.meta.default_sampling
     assert (d["max_tokens"], d["top_k"], d["temperature"], d["depth_decoder_temperature"]) == (300, 20, 0.9, 0.0)
     assert dataclasses.asdict(program.meta.stop_rule)["keeps_frame"]
+
+
+def test_names_and_checkpoint_dirs_resolve_to_csm(tiny_csm_dir: Path) -> None:
+    """`csm`, `csm-tiny`, the Hugging Face id and a directory whose config.json says `model_type: csm`."""
+    for name in ("csm", "csm-tiny", "sesame/csm-1b", str(tiny_csm_dir)):
+        assert family_of(name) is FAMILIES["csm"]
+    with pytest.raises(CheckpointError, match="codec-path"):
+        load_csm(str(tiny_csm_dir), "auto", torch.device("cpu"), torch.float32, seed=0, max_model_len=64,
+                 codec_path="/somewhere")
