@@ -71,3 +71,14 @@ def tiny_csm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from csm_helpers import write_tiny_csm
 
     return write_tiny_csm(tmp_path_factory.mktemp("csm-tiny-ckpt"))
+
+
+@pytest.fixture(scope="session")
+def csm_stop_dirs(tiny_csm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Copies of the tiny CSM checkpoint that stop mid-way (csm_helpers.stop_checkpoint): the stop frame
+    keeps a code in its last codebook ("last-code-kept") or is all zero ("all-zero")."""
+    from csm_helpers import stop_checkpoint
+
+    root = tmp_path_factory.mktemp("csm-stop")
+    return {name: stop_checkpoint(tiny_csm_dir, root / name, zero_last=name == "all-zero")
+            for name in ("last-code-kept", "all-zero")}

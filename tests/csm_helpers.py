@@ -78,6 +78,18 @@ def scale_weights(ckpt: Path, dst: Path, scales: dict[str, tuple[tuple, float]])
     return dst
 
 
+CODE0_SCALE = 5.0
+
+
+def stop_checkpoint(ckpt: Path, dst: Path, zero_last: bool) -> Path:
+    """A copy of `ckpt` whose greedy generation stops mid-way, on both sides alike: the depth decoder's heads
+    for codebooks 1..30 (and 31 with `zero_last`) zeroed, so greedy picks code 0 there, and the backbone's
+    code-0 row scaled, so that its code 0 ends some requests (random weights never stop on their own)."""
+    heads = 31 if zero_last else 30
+    return scale_weights(ckpt, dst, {"depth_decoder.codebooks_head.weight": ((slice(0, heads),), 0.0),
+                                     "lm_head.weight": ((0,), CODE0_SCALE)})
+
+
 def reference_model(ckpt: Path):  # noqa: ANN201
     from transformers import CsmForConditionalGeneration
 

@@ -56,3 +56,18 @@ def test_bench_rejects_unknown_request_field(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "language" in proc.stderr and "not accepted" in proc.stderr
+
+
+def test_bench_serves_csm_tiny(tmp_path: Path) -> None:
+    """CSM in bench mode (the README's command with a short max_tokens): 24 kHz WAVs of whole Mimi frames."""
+    frames = 6
+    cmd = [sys.executable, "-m", "vox_serve.launch", "--model", "csm-tiny", "--device", "cpu", "--bench-requests",
+           "2", "--greedy", "--bench-out", str(tmp_path), "--bench-kwargs",
+           f'{{"max_tokens": {frames}, "ignore_eos": true, "speaker": 1}}']
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("bench-000.wav", "bench-001.wav"):
+        rate, pcm = read_wav(tmp_path / name)
+        assert rate == 24000 and len(pcm) == frames * 1920
+        assert np.abs(pcm.astype(np.int32)).max() > 100
+    assert sum(line.startswith("bench-") and line.rstrip().endswith("length") for line in proc.stdout.splitlines()) == 2

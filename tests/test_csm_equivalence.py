@@ -29,7 +29,6 @@ from csm_helpers import (
     reference_model,
     reference_processor,
     reference_text,
-    scale_weights,
     wav_bytes,
 )
 
@@ -44,7 +43,6 @@ TEXTS = [(0, "Hello there."), (1, "Another, longer sentence for the batch."), (2
 # Prompts (speaker, text) of the stop cases and the frames at which the reference stops (None: never within 24).
 STOP_TEXTS = [(0, "Hello"), (1, "there friend"), (2, "friend what a"), (0, "it has been really short")]
 STOP_FRAMES = 24
-CODE0_SCALE = 5.0
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -117,18 +115,9 @@ def test_prompt_rows_match_the_processor(tiny_csm_dir: Path, reference) -> None:
     assert len(fields.context[0].codes) == -(-a.size // 1920) == (text_ids == 128002).sum().item()
 
 
-@pytest.fixture(scope="module")
-def stop_checkpoints(tiny_csm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("csm-stop")
-    return {name: scale_weights(tiny_csm_dir, root / name,
-                                {"depth_decoder.codebooks_head.weight": ((slice(0, heads),), 0.0),
-                                 "lm_head.weight": ((0,), CODE0_SCALE)})
-            for name, heads in (("last-code-kept", 30), ("all-zero", 31))}
-
-
 @pytest.mark.parametrize("case", ["last-code-kept", "all-zero"])
-def test_stop_frame_and_audio_match_transformers(stop_checkpoints, reference, case: str) -> None:
-    ckpt = stop_checkpoints[case]
+def test_stop_frame_and_audio_match_transformers(csm_stop_dirs, reference, case: str) -> None:
+    ckpt = csm_stop_dirs[case]
     ours = our_frames(ckpt, [{"text": t, "speaker": s} for s, t in STOP_TEXTS], STOP_FRAMES)
     model, decoder = reference_model(ckpt), load_csm_dir(ckpt, 64).codec
     stopped = 0

@@ -89,6 +89,16 @@ def test_bad_fields_name_the_field(ids: PromptIds, fields: dict, field: str, mes
     assert err.value.field == field
 
 
+def test_integral_numbers_are_integers_as_json_schema_says(ids: PromptIds) -> None:
+    """`2.0` is an integer in JSON (the common fields take it so): a turn's speaker and codes, as ints."""
+    parsed = parse_fields({"text": "Hi.", "context": [{"text": "a", "speaker": 2.0, "codes": [[1.0] * K]}]}, ids)
+    [turn] = parsed.context
+    assert turn.speaker == 2 and type(turn.speaker) is int
+    assert turn.codes == ((1,) * K,) and all(type(c) is int for c in turn.codes[0])
+    with pytest.raises(FieldError, match="integers in"):
+        parse_fields({"text": "Hi.", "context": [{"text": "a", "codes": [[1.5] * K]}]}, ids)
+
+
 def test_clips_arrive_as_bytes_or_base64(ids: PromptIds) -> None:
     clip = wav_bytes(np.zeros(2000))
     for audio in (clip, base64.b64encode(clip).decode()):

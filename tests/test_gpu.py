@@ -1,11 +1,12 @@
 """GPU tier (marker `gpu`, skipped without CUDA): graphs equal eager (Orpheus; Qwen3-TTS with its code
 predictor, codec slot pools, cloned-voice prompt vectors and first-chunk graphs), FlashInfer equals the
 PyTorch backend (bfloat16 and float16), and the full-size Orpheus model loads with dummy weights and
-serves."""
+serves; CSM (graphs == eager on csm-tiny, CSM-1B with dummy weights serves)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -90,6 +91,17 @@ def test_qwen3_graph_replay_equals_eager(model: str, fields: dict) -> None:
     _assert_same(eager, graphed, pcm_tol=2.0)
 
 
+def test_csm_graph_replay_equals_eager() -> None:
+    """CSM: the backbone, the depth decoder's 31 sub-steps over its static KV and Mimi's slot pools inside the
+    graphs, a first chunk of 2 frames, an integer speaker and a context turn given as codes."""
+    codes = [[(5 * f + 3 * k) % 2048 for k in range(32)] for f in range(3)]
+    fields = {"speaker": 1, "context": [{"text": "Before.", "speaker": 0, "codes": codes}]}
+    kw = {"first_chunk_frames": 2, "detokenize_interval": 4}
+    eager = _run(_config("torch", "float32", "csm-tiny", **kw), use_graphs=False, max_tokens=11, fields=fields)
+    graphed = _run(_config("torch", "float32", "csm-tiny", **kw), use_graphs=True, max_tokens=11, fields=fields)
+    _assert_same(eager, graphed, pcm_tol=2.0)
+
+
 @pytest.mark.skipif(not flashinfer_available(), reason="flashinfer not installed")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_flashinfer_equals_torch_backend(dtype: torch.dtype) -> None:
@@ -137,12 +149,21 @@ def test_flashinfer_equals_torch_backend(dtype: torch.dtype) -> None:
         assert torch.equal(ref.kv_caches[0], fi.kv_caches[0])
 
 
-def test_orpheus_3b_dummy_loads_and_serves() -> None:
-    cmd = [sys.executable, "-m", "vox_serve.launch", "--model", "orpheus", "--load-format", "dummy",
+# (model, bench kwargs, weights MiB range): the full-size layouts with dummy weights in bfloat16, graphs on
+FULL_SIZE_DUMMIES = [
+    ("orpheus", {"max_tokens": 70, "ignore_eos": True}, (5500, 7500)),  # 3.3B parameters (LM) + SNAC
+    # CSM-1B: 1.68B parameters (backbone 1.37B, depth decoder 0.18B, Mimi decoder and encoder 0.13B)
+    ("csm", {"max_tokens": 25, "ignore_eos": True, "speaker": 1}, (3000, 3500)),
+]
+
+
+@pytest.mark.parametrize("model,fields,weights_range", FULL_SIZE_DUMMIES, ids=[m[0] for m in FULL_SIZE_DUMMIES])
+def test_full_size_dummy_loads_and_serves(model: str, fields: dict, weights_range: tuple[int, int]) -> None:
+    cmd = [sys.executable, "-m", "vox_serve.launch", "--model", model, "--load-format", "dummy",
            "--device", "cuda", "--bench-requests", "2", "--max-model-len", "512", "--max-batch-size", "8",
-           "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']
+           "--bench-kwargs", json.dumps(fields)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     weights_mib = float(re.search(r"weights (\d+) MiB", proc.stderr).group(1))
-    assert 5500 < weights_mib < 7500  # 3.3B bf16 parameters (LM) + SNAC
+    assert weights_range[0] < weights_mib < weights_range[1]
     assert proc.stdout.count(" length") == 2

@@ -3,7 +3,8 @@ positive and negative data, every check (status codes, content types, response s
 negative data refused, positive data accepted, auth enforced, unsupported methods), no 5xx.
 
 In the suite the run is bounded: the fuzzing phase only, VOX_SCHEMATHESIS_EXAMPLES examples per
-operation (default 30), about a minute of CPU for both models. The longer run reported in issue 10 adds
+operation (default 30), about a minute of CPU for orpheus-tiny and qwen3-tts-tiny, one or two more for
+csm-tiny (its bodies carry context codes and clips). The longer run reported in issue 10 adds
 schemathesis' coverage phase (boundary values of every field, positive and negative) and the Base model:
 
     VOX_SCHEMATHESIS_EXAMPLES=100 VOX_SCHEMATHESIS_PHASES=examples,coverage,fuzzing VOX_SCHEMATHESIS_BASE=1 \
@@ -37,6 +38,8 @@ MODELS = {
     # turn a long run into 503s, which the `not_a_server_error` check counts as failures.
     "qwen3-tts-tiny": ("--model", "qwen3-tts-tiny", "--max-model-len", "48", "--session-idle-timeout-s", "2",
                        "--max-sessions", "100000"),
+    # CSM's own fields: an integer `speaker` and `context` turns (text, speaker, a base64 clip or codes)
+    "csm-tiny": ("--model", "csm-tiny", "--max-model-len", "64"),
 }
 if os.environ.get("VOX_SCHEMATHESIS_BASE"):  # the voice-clone model too (slower: its encoders run per request)
     MODELS["qwen3-tts-base-tiny"] = ("--model", "qwen3-tts-base-tiny", "--max-model-len", "48",

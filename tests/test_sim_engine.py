@@ -42,6 +42,19 @@ def test_the_default_orpheus_profile_documents_its_figures() -> None:
         load_profile("no-such-model")
 
 
+@pytest.mark.parametrize("policy", ["base", "online", "offline", "deadline"])
+def test_the_csm_profile_simulates_whole_frames_with_the_stop_frame_kept(policy: str) -> None:
+    """benchmark/profiles/csm-default.json: CSM's meta (32 codes a step, 1920-sample frames, 10-frame chunks,
+    a stop frame that is audio) under every policy; 25 frames before the stop make 26 frames of audio."""
+    p = load_profile("csm")
+    assert (p.meta.codes_per_step, p.meta.codes_per_frame, p.meta.samples_per_frame) == (32, 32, 1920)
+    assert p.meta.stop_rule.keeps_frame and p.meta.stateful_codec and p.raw["notes"]
+    arrivals = [Arrival(0.01 * i, f"r{i}", 40, 25) for i in range(8)]
+    run = simulate(p, policy, arrivals, EngineOptions(max_batch=8), async_scheduling=True)
+    assert [t.num_samples for t in run.traces] == [26 * 1920] * 8
+    assert all(t.error is None and t.chunks[0][1] == 10 * 1920 for t in run.traces)
+
+
 def test_virtual_clock_moves_only_forward() -> None:
     clock = VirtualClock()
     clock.advance(1.5)

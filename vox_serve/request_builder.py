@@ -29,7 +29,12 @@ _BOUND_CHECKS = {"minimum": lambda v, e: v >= e, "maximum": lambda v, e: v <= e,
                  "exclusiveMinimum": lambda v, e: v > e, "exclusiveMaximum": lambda v, e: v < e}
 _BOOL = ("ignore_eos", "streaming", "x_vector_only_mode")
 AUDIO = "audio"  # reference audio: the uploaded file's bytes
+# alias -> field, for a model that takes the field and has no field of the alias's name (CSM's `speaker` is
+# its own: an integer id)
 _ALIASES = {"speaker": "voice"}
+BASE64_PATTERN = r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+_BOUNDS = {"minimum": (lambda v, b: v >= b, ">="), "maximum": (lambda v, b: v <= b, "<="),
+           "exclusiveMinimum": (lambda v, b: v > b, ">"), "exclusiveMaximum": (lambda v, b: v < b, "<")}
 
 
 # Characters that show nothing when spoken or printed: ASCII and Latin-1 controls and spaces, the soft
@@ -64,20 +69,30 @@ def check_encodable(key: str, value: str) -> None:
                               "send valid Unicode text") from None
 
 
+def field_aliases(meta: ProgramMeta | None) -> dict[str, str]:
+    """The aliases a model takes (alias -> field); all of them while no model is known."""
+    if meta is None:
+        return dict(_ALIASES)
+    return {alias: target for alias, target in _ALIASES.items()
+            if target in meta.accepted_fields and alias not in meta.accepted_fields}
+
+
 def normalise_fields(meta: ProgramMeta, fields: dict[str, Any], require_text: bool = True) -> dict[str, Any]:
     """Apply aliases, reject unknown fields and check types; returns a new dict.
 
     `require_text=False` checks everything but the text (an input-streaming session's text arrives later).
     """
     out: dict[str, Any] = {}
-    for alias, target in _ALIASES.items():
+    aliases = field_aliases(meta)
+    for alias, target in aliases.items():
         if alias in fields and target in fields:
             raise FieldError(alias, f"`{alias}` is an alias of `{target}`; send one of them, not both")
     for key, value in fields.items():
-        key = _ALIASES.get(key, key)
+        key = aliases.get(key, key)
         if key not in meta.accepted_fields:
             raise FieldError(key, f"not accepted by model {meta.name} (accepted: {', '.join(meta.accepted_fields)})")
-        out[key] = _field_value(key, value)
+        schema = meta.field_schemas.get(key)
+        out[key] = _field_value(key, value) if schema is None else declared_value(key, value, schema)
     text = out.get("text")
     if text is None and not require_text:
         return out
@@ -115,6 +130,34 @@ def _number_list(key: str, value: Any) -> list[float]:
             or not all(isinstance(v, int | float) and not isinstance(v, bool) and lo <= v <= hi for v in value)):
         raise FieldError(key, f"must be a list of {length} numbers in [{lo:g}, {hi:g}]")
     return [float(v) for v in value]
+
+
+def declared_value(key: str, value: Any, schema: dict[str, Any]) -> Any:
+    """A value of a field the model declares (`ProgramMeta.field_schemas`), checked against its schema's type
+    and range; what an array or object holds is the model's prompt builder's to check."""
+    if value is None:
+        raise FieldError(key, "must not be null; leave the field out to get its default")
+    kind = schema["type"]
+    if kind in ("integer", "number"):
+        number = _number(key, value, int if kind == "integer" else float)
+        for bound, (holds, sign) in _BOUNDS.items():
+            if bound in schema and not holds(number, schema[bound]):
+                raise FieldError(key, f"must be {sign} {schema[bound]}, got {number}")
+        return number
+    if kind == "boolean" and not isinstance(value, bool):
+        raise FieldError(key, "must be a boolean")
+    if kind == "string":
+        if not isinstance(value, str):
+            raise FieldError(key, "must be a string")
+        check_encodable(key, value)
+    if kind == "array":
+        if not isinstance(value, list | tuple):
+            raise FieldError(key, f"must be a list, got {type(value).__name__}")
+        if len(value) > schema.get("maxItems", len(value)):
+            raise FieldError(key, f"has {len(value)} items; at most {schema['maxItems']} are taken")
+    if kind == "object" and not isinstance(value, dict):
+        raise FieldError(key, f"must be an object, got {type(value).__name__}")
+    return value
 
 
 def check_text(meta: ProgramMeta, text: Any) -> None:

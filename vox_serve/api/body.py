@@ -75,10 +75,11 @@ def _too_large(field: str, max_upload_bytes: int) -> ApiError:
                     field, "too_large")
 
 
-async def read_fields(request: Request, max_upload_bytes: int,
-                      body_timeout_s: float) -> tuple[dict[str, Any], bytes | None]:
-    """The body's fields (form values converted to their types) and the uploaded audio, if any. The
-    whole body must arrive within body_timeout_s (408 after that)."""
+async def read_fields(request: Request, max_upload_bytes: int, body_timeout_s: float,
+                      meta: ProgramMeta | None = None) -> tuple[dict[str, Any], bytes | None]:
+    """The body's fields (form values converted to their types: the common table's, and `meta`'s for the
+    fields a model declares) and the uploaded audio, if any. The whole body must arrive within
+    body_timeout_s (408 after that)."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if not media and request.headers.get("content-length", "0") == "0" and "transfer-encoding" not in request.headers:
         return {}, None  # no body at all: no fields
@@ -98,7 +99,7 @@ async def read_fields(request: Request, max_upload_bytes: int,
             if media in JSON_TYPES:
                 fields, audio = json_fields(await limited.body())
             else:
-                fields, audio = await _form_fields(limited, media)
+                fields, audio = await _form_fields(limited, media, meta)
     except BodyTooLarge:
         await _discard_body(request.receive)
         raise too_large from None
@@ -189,7 +190,7 @@ async def _parse_form(request: Request, media: str) -> FormData:
     return form
 
 
-async def _form_fields(request: Request, media: str) -> tuple[dict[str, Any], bytes | None]:
+async def _form_fields(request: Request, media: str, meta: ProgramMeta | None) -> tuple[dict[str, Any], bytes | None]:
     try:
         form = await _parse_form(request, media)
     except MultiPartException as exc:
@@ -207,17 +208,30 @@ async def _form_fields(request: Request, media: str) -> tuple[dict[str, Any], by
             elif key == AUDIO_FIELD:
                 raise FieldError(AUDIO_FIELD, "must be a file upload")
             else:
-                fields[key] = _form_value(key, value)
+                fields[key] = _form_value(key, value, _form_kind(meta, key))
         return fields, audio
     finally:
         await form.close()
 
 
-def _form_value(key: str, value: str) -> Any:
-    """A form string as the field's documented type, written as JSON would write it (no spaces, no
-    digit separators); fields of other types stay strings."""
+def _form_kind(meta: ProgramMeta | None, key: str) -> str:
+    declared = meta.field_schemas.get(key) if meta is not None else None
+    if declared is not None:
+        return declared["type"]
     doc = REQUEST_FIELDS.get(key)
-    kind = doc.kind if doc is not None else "string"
+    return doc.kind if doc is not None else "string"
+
+
+def _form_value(key: str, value: str, kind: str) -> Any:
+    """A form string as the field's type, written as JSON would write it (no spaces, no digit separators;
+    an array or object as JSON text); fields of other types stay strings."""
+    if kind in ("array", "object"):
+        try:
+            return json.loads(value, object_pairs_hook=_unique_keys, parse_float=_finite, parse_constant=_no_constant)
+        except RecursionError:
+            raise FieldError(key, "is not valid JSON (nested too deeply)") from None
+        except ValueError as exc:
+            raise FieldError(key, f"must be JSON text in a form ({str(exc)[:200]})") from None
     if kind == "boolean":
         if value not in _BOOLEANS:
             raise FieldError(key, f"must be a boolean (true or false), got {value[:40]!r}")

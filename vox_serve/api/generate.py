@@ -39,7 +39,7 @@ async def generate(request: Request) -> Response:
     `audio` file for models that take reference audio). Fields a model does not take are refused."""
     manager, config = context(request)
     meta = manager.require_meta()
-    fields, audio = await read_fields(request, max_upload_bytes(config), config.server.body_timeout_s)
+    fields, audio = await read_fields(request, max_upload_bytes(config), config.server.body_timeout_s, meta)
     voice_prompt = take_saved_voice(meta, request.app.state.voices, fields)
     await check_upload(meta, audio, voice_prompt)
     clean = validate_fields(meta, fields)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from vox_serve.core.meta import ProgramMeta
-from vox_serve.request_builder import MODEL_FIELD_BOUNDS, NUMBER_LISTS, VISIBLE_PATTERN
+from vox_serve.request_builder import BASE64_PATTERN, MODEL_FIELD_BOUNDS, NUMBER_LISTS, VISIBLE_PATTERN, field_aliases
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,6 @@ REQUEST_FIELDS: dict[str, FieldDoc] = {
                                           "maximum": NUMBER_LISTS["emotion"][2]},
                                 "minItems": NUMBER_LISTS["emotion"][0], "maxItems": NUMBER_LISTS["emotion"][0]}),
 }
-ALIASES = {"speaker": "voice"}
 AUDIO_FIELD = "audio"
 AUDIO_DOC = "Reference audio (WAV, FLAC, OGG or MP3), at most --max-upload-mb MB."
 
@@ -87,6 +86,9 @@ def _property(name: str, meta: ProgramMeta | None, media: str, whole_text: bool)
                     "description": f"{AUDIO_DOC} Base64-encoded."}
         return {"type": "string", "format": "binary", "contentMediaType": "audio/*", "minLength": 1,
                 "description": AUDIO_DOC}
+    declared = meta.field_schemas.get(name) if meta is not None else None
+    if declared is not None:
+        return _declared_property(name, declared, meta, media)
     doc = REQUEST_FIELDS.get(name, FieldDoc("string", "A field of this model."))
     prop: dict[str, Any] = {"type": doc.kind, "description": doc.description, **doc.bounds, **doc.schema}
     if name == "text":
@@ -107,12 +109,24 @@ def _property(name: str, meta: ProgramMeta | None, media: str, whole_text: bool)
     return prop
 
 
+def _declared_property(name: str, schema: dict[str, Any], meta: ProgramMeta, media: str) -> dict[str, Any]:
+    """A field the model declares: its own schema; in a form an array or object is a JSON text."""
+    prop = dict(schema)
+    if name in meta.default_sampling:
+        prop["default"] = meta.default_sampling[name]
+    if media != "json" and prop["type"] in ("array", "object"):
+        return {"type": "string", "contentMediaType": "application/json", "contentSchema": prop,
+                "description": f"{prop.get('description', '')} In a form: the value as JSON text.".strip()}
+    return prop
+
+
 def request_schema(meta: ProgramMeta | None, media: str, text_required: bool = True) -> dict[str, Any]:
     """JSON schema of a generate request body sent as `media`: json, multipart or urlencoded
     (which cannot carry a file)."""
     names = [n for n in accepted_fields(meta) if n != AUDIO_FIELD or media != "urlencoded"]
     props = {name: _property(name, meta, media, whole_text=text_required) for name in names}
-    for alias, target in ALIASES.items():
+    aliases = field_aliases(meta)
+    for alias, target in aliases.items():
         if target in props:
             props[alias] = {**props[target], "description": f"Alias of `{target}`."}
     schema: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
@@ -120,7 +134,7 @@ def request_schema(meta: ProgramMeta | None, media: str, text_required: bool = T
     required = (["text"] if text_required else []) + ([AUDIO_FIELD] if clones and media != "urlencoded" else [])
     if required:
         schema["required"] = required
-    rules = [{"not": {"required": [alias, target]}} for alias, target in ALIASES.items() if target in props]
+    rules = [{"not": {"required": [alias, target]}} for alias, target in aliases.items() if target in props]
     if clones:
         rules.append(IN_CONTEXT_NEEDS_TRANSCRIPT)
     if rules:
@@ -128,13 +142,12 @@ def request_schema(meta: ProgramMeta | None, media: str, text_required: bool = T
     return schema
 
 
-# What the server refuses across fields, as JSON schema: an alias beside its field (see ALIASES), and
+# What the server refuses across fields, as JSON schema: an alias beside its field (`field_aliases`), and
 # in-context cloning (x_vector_only_mode false) without a transcript.
 IN_CONTEXT_NEEDS_TRANSCRIPT: dict[str, Any] = {"anyOf": [  # the second holds when the mode is absent or true
     {"required": ["ref_text"], "properties": {"ref_text": {"minLength": 1}}},
     {"properties": {"x_vector_only_mode": {"const": True}}},
 ]}
-BASE64_PATTERN = r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
 # ---- response bodies ------------------------------------------------------------------------
@@ -211,6 +224,8 @@ class InfoResponse(BaseModel):
     languages: list[str]
     accepted_fields: list[str]
     aliases: dict[str, str]
+    field_schemas: dict[str, Any] = Field(description="JSON schemas of the fields this model defines itself "
+                                                     "(CSM: `speaker`, `context`, depth-decoder sampling).")
     default_sampling: dict[str, Any]
     supports_input_streaming: bool
     supports_reference_audio: bool

@@ -76,7 +76,7 @@ async def start(request: Request) -> StreamStartResponse:
     POST /generate checks them."""
     manager, config = context(request)
     meta = _meta(manager)
-    fields, audio = await read_fields(request, max_upload_bytes(config), config.server.body_timeout_s)
+    fields, audio = await read_fields(request, max_upload_bytes(config), config.server.body_timeout_s, meta)
     voice_prompt = take_saved_voice(meta, request.app.state.voices, fields)
     await check_upload(meta, audio, voice_prompt)
     has_text, text = "text" in fields, fields.pop("text", None)

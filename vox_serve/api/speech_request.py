@@ -12,7 +12,7 @@ from vox_serve.api.segments import plan_segments, segment_chars
 from vox_serve.api.voices_store import VoiceStore
 from vox_serve.config import VoxConfig
 from vox_serve.core.meta import ProgramMeta
-from vox_serve.request_builder import FieldError
+from vox_serve.request_builder import FieldError, field_aliases
 
 NO_VOICE = "default"  # what a client names on a model without named voices (OpenAI's clients need a voice)
 
@@ -45,9 +45,11 @@ def resolve_voice(meta: ProgramMeta, store: VoiceStore | None, voice: Any) -> Vo
 
 
 def take_saved_voice(meta: ProgramMeta, store: VoiceStore | None, fields: dict[str, Any]) -> bytes:
-    """For the native routes: when `voice` (or its alias `speaker`) names a saved voice rather than a
-    built-in one, remove it from the fields and return the voice's prompt; else b"" (fields untouched)."""
-    key = next((k for k in ("voice", "speaker") if k in fields), None)
+    """For the native routes: when `voice` (or its alias `speaker`, where the model has that alias) names a
+    saved voice rather than a built-in one, remove it from the fields and return the voice's prompt; else b""
+    (fields untouched)."""
+    names = ("voice", *(alias for alias, target in field_aliases(meta).items() if target == "voice"))
+    key = next((k for k in names if k in fields), None)
     name = fields.get(key) if key else None
     if not isinstance(name, str) or store is None or name.lower() in (v.lower() for v in meta.voices):
         return b""

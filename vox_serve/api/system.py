@@ -9,13 +9,13 @@ from fastapi.responses import JSONResponse
 
 from vox_serve.api.generate import context
 from vox_serve.api.schemas import (
-    ALIASES,
     HealthResponse,
     InfoResponse,
     Limits,
     SessionStatus,
     error_responses,
 )
+from vox_serve.request_builder import field_aliases
 
 router = APIRouter()
 
@@ -49,7 +49,7 @@ async def info(request: Request) -> InfoResponse:
         samples_per_chunk=limits.frames_per_chunk * meta.samples_per_frame,
         voices=list(meta.voices), default_voice=meta.default_voice, languages=list(meta.languages),
         accepted_fields=list(meta.accepted_fields),
-        aliases={alias: target for alias, target in ALIASES.items() if target in meta.accepted_fields},
+        aliases=field_aliases(meta), field_schemas=meta.field_schemas,
         default_sampling=meta.default_sampling, supports_input_streaming=meta.supports_input_streaming,
         supports_reference_audio="audio" in meta.accepted_fields,
         limits=Limits(

@@ -65,6 +65,10 @@ class ProgramMeta:
     stop_rule: StopRule
     default_sampling: dict[str, Any]
     accepted_fields: tuple[str, ...]
+    # JSON schemas of the request fields this model defines itself, or types otherwise than the common
+    # table (`api/schemas.REQUEST_FIELDS`); `type` says how a value is checked (`request_builder`) and how a
+    # form value is read. CSM: `speaker` (an integer id), `context` (earlier turns), depth-decoder sampling.
+    field_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
     voices: tuple[str, ...] = ()
     default_voice: str | None = None
     languages: tuple[str, ...] = ()

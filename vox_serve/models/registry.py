@@ -52,10 +52,18 @@ def _build_zonos(a: BuildArgs) -> Program:
                       a.max_model_len or FAMILIES["zonos"].default_max_model_len, a.codec_path)
 
 
+def _build_csm(a: BuildArgs) -> Program:
+    from vox_serve.models.csm.loader import load_csm
+
+    return load_csm(a.name, a.load_format, a.device, a.dtype, a.seed,
+                    a.max_model_len or FAMILIES["csm"].default_max_model_len, a.codec_path)
+
+
 FAMILIES: dict[str, ModelFamily] = {
     "orpheus": ModelFamily("orpheus", 4096, _build_orpheus),
     "qwen3-tts": ModelFamily("qwen3-tts", 4096, _build_qwen3_tts),
     "zonos": ModelFamily("zonos", 4096, _build_zonos),
+    "csm": ModelFamily("csm", 2048, _build_csm),  # the released backbone's max_position_embeddings
 }
 
 
@@ -78,8 +86,10 @@ def family_of(name: str) -> ModelFamily:
             return FAMILIES["qwen3-tts"]
         if "backbone" in cfg and "prefix_conditioner" in cfg:  # Zonos v0.1 (no model_type in its config)
             return FAMILIES["zonos"]
-    raise CheckpointError(f"unknown model {name!r}; known: {', '.join(sorted(NAMES))}, or an Orpheus or "
-                          "Qwen3-TTS or Zonos checkpoint dir")
+        if cfg.get("model_type") == "csm":
+            return FAMILIES["csm"]
+    raise CheckpointError(f"unknown model {name!r}; known: {', '.join(sorted(NAMES))}, or an Orpheus, "
+                          "Qwen3-TTS, Zonos or CSM checkpoint dir")
 
 
 def build_program(args: BuildArgs) -> Program:

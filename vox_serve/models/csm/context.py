@@ -9,10 +9,8 @@ import torch
 
 from vox_serve.audio_input import decode_audio, resample
 from vox_serve.codecs.mimi.encoder import MimiEncoder
-from vox_serve.models.csm.prompt import ContextTurn, CsmFields
+from vox_serve.models.csm.prompt import MAX_CONTEXT_SECONDS, ContextTurn, CsmFields
 from vox_serve.request_builder import FieldError
-
-MAX_CONTEXT_SECONDS = 60.0  # per clip; the conversation as a whole is bounded by the model length
 
 
 def encode_context(encoder: MimiEncoder, fields: CsmFields) -> CsmFields:

@@ -22,9 +22,15 @@ from vox_serve.codecs.mimi.encoder import MimiEncoder
 from vox_serve.layers.depth import DepthTransformer
 from vox_serve.models.csm.config import CsmConfig
 from vox_serve.models.csm.layers import CsmBackbone, depth_decoder
+from vox_serve.models.csm.program import CsmProgram, csm_meta, sampling_defaults
+from vox_serve.models.csm.prompt import PromptIds
+from vox_serve.models.tokenizers import load_tokenizer_json
+from vox_serve.models.tokenizers.byte_level import CSM_SPECIAL_TOKENS, byte_level_tokenizer
+from vox_serve.models.tokenizers.user_text import for_user_text
 from vox_serve.rt.checkpoint import (
     CheckpointError,
     TensorPool,
+    checkpoint_dir,
     copy_weights,
     fused_decoder_weights,
     init_random,
@@ -154,3 +160,33 @@ def load_weights(m: CsmModules, pool: TensorPool, source: str) -> None:
     pool.check_consumed()
     copy_weights(dict(m.backbone.named_parameters()), backbone)
     copy_weights(dict(m.depth.named_parameters()), depth)
+
+
+def load_csm(name: str, load_format: str, device: torch.device, dtype: torch.dtype, seed: int, max_model_len: int,
+             codec_path: str | None = None) -> CsmProgram:
+    """The CSM program for `csm` (sesame/csm-1b), `csm-tiny` (random weights, embedded config), a local
+    checkpoint directory or a cached Hugging Face id. A checkpoint brings its tokenizer.json and, optionally,
+    its generation_config.json (the sampling defaults); random weights use a byte-level tokenizer."""
+    if codec_path:
+        raise CheckpointError("--codec-path: CSM's Mimi is part of its checkpoint (codec_model.*)")
+    model_dir = None if name == "csm-tiny" else checkpoint_dir(CSM_1B_ID if name == "csm" else name, load_format)
+    if model_dir is None:
+        modules = random_modules(CSM_TINY_CONFIG if name == "csm-tiny" else CSM_1B_CONFIG, max_model_len, seed, device)
+        tokenizer, generation = byte_level_tokenizer(specials=CSM_SPECIAL_TOKENS), {}
+    else:
+        modules = load_csm_dir(model_dir, max_model_len)
+        tokenizer, generation = load_tokenizer_json(model_dir), _generation_config(model_dir)
+    c = modules.config
+    try:
+        ids = PromptIds.from_tokenizer(tokenizer, bos=c.ids.bos, num_codebooks=c.num_codebooks,
+                                       codebook_size=c.codec.codebook_size, codebook_eos=c.ids.codebook_eos)
+    except ValueError as exc:
+        raise CheckpointError(f"tokenizer.json: {exc}") from exc
+    meta = csm_meta(name, ids, max_model_len, c.codec.sampling_rate, c.codec.samples_per_frame,
+                    sampling_defaults(generation))
+    return CsmProgram(modules.to(device, dtype), for_user_text(tokenizer), ids, meta, device, dtype)
+
+
+def _generation_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "generation_config.json"
+    return read_json(path) if path.exists() else {}

@@ -22,12 +22,13 @@ import binascii
 from dataclasses import dataclass
 from typing import Any
 
-from vox_serve.request_builder import FieldError
+from vox_serve.request_builder import BASE64_PATTERN, VISIBLE_PATTERN, FieldError, check_encodable, has_visible
 
 ABSENT = -1
 DEFAULT_SPEAKER = 0
 MAX_SPEAKER_ID = 2**31 - 1  # any non-negative int is a valid "[n]"; this only bounds the prompt text
 MAX_CONTEXT_TURNS = 64
+MAX_CONTEXT_SECONDS = 60.0  # per clip; the conversation as a whole is bounded by the model length
 END_OF_TEXT = "<|end_of_text|>"
 TURN_FIELDS = ("text", "speaker", "audio", "codes")
 
@@ -85,12 +86,22 @@ def parse_fields(fields: dict[str, Any], ids: PromptIds) -> CsmFields:
                      context=tuple(_turn(f"context[{i}]", turn, ids) for i, turn in enumerate(context)))
 
 
+def _integer(value: Any) -> int | None:
+    """`value` as an int when JSON would call it an integer (`3` or `3.0`, as the common fields take them)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    return int(value) if isinstance(value, float) and value.is_integer() else None
+
+
 def parse_speaker(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    speaker = _integer(value)
+    if speaker is None:
         raise FieldError(name, f"must be an integer speaker id, got {type(value).__name__}")
-    if not 0 <= value <= MAX_SPEAKER_ID:
+    if not 0 <= speaker <= MAX_SPEAKER_ID:
         raise FieldError(name, f"must be in [0, {MAX_SPEAKER_ID}]")
-    return value
+    return speaker
 
 
 def _turn(name: str, turn: Any, ids: PromptIds) -> ContextTurn:
@@ -100,8 +111,9 @@ def _turn(name: str, turn: Any, ids: PromptIds) -> ContextTurn:
     if unknown:
         raise FieldError(f"{name}.{unknown[0]}", f"is not a field of a context turn ({', '.join(TURN_FIELDS)})")
     text = turn.get("text")
-    if not isinstance(text, str) or not text.strip():
-        raise FieldError(f"{name}.text", "is required and must not be empty")
+    if not isinstance(text, str) or not has_visible(text):
+        raise FieldError(f"{name}.text", "is required and must have a visible character")
+    check_encodable(f"{name}.text", text)
     speaker = parse_speaker(f"{name}.speaker", turn.get("speaker", DEFAULT_SPEAKER))
     audio, codes = turn.get("audio"), turn.get("codes")
     if audio is not None and codes is not None:
@@ -120,9 +132,10 @@ def _codes(name: str, codes: Any, ids: PromptIds) -> tuple[tuple[int, ...], ...]
     for i, frame in enumerate(codes):
         if not isinstance(frame, list | tuple) or len(frame) != ids.num_codebooks:
             raise FieldError(f"{name}[{i}]", f"must be a list of {ids.num_codebooks} codes")
-        if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < ids.codebook_size for c in frame):
+        ints = tuple(_integer(c) for c in frame)
+        if not all(c is not None and 0 <= c < ids.codebook_size for c in ints):
             raise FieldError(f"{name}[{i}]", f"codes must be integers in [0, {ids.codebook_size})")
-        frames.append(tuple(frame))
+        frames.append(ints)
     return tuple(frames)
 
 
@@ -135,6 +148,42 @@ def _clip(name: str, audio: Any) -> bytes:
     if not isinstance(audio, bytes | bytearray) or not audio:
         raise FieldError(name, "must be a non-empty audio file (base64-encoded in JSON)")
     return bytes(audio)
+
+
+def field_schemas(ids: PromptIds, max_text_chars: int) -> dict[str, dict[str, Any]]:
+    """The JSON schemas of CSM's own request fields (`ProgramMeta.field_schemas`: request_builder checks the
+    type and range, `parse_fields` the rest; the OpenAPI document and GET /info publish them)."""
+    speaker = {"type": "integer", "minimum": 0, "maximum": MAX_SPEAKER_ID}
+    frame = {"type": "array", "minItems": ids.num_codebooks, "maxItems": ids.num_codebooks,
+             "items": {"type": "integer", "minimum": 0, "maximum": ids.codebook_size - 1}}
+    turn = {
+        "type": "object", "required": ["text"], "additionalProperties": False,
+        "properties": {
+            "text": {"type": "string", "minLength": 1, "maxLength": max_text_chars, "pattern": VISIBLE_PATTERN,
+                     "description": "What was said in this turn."},
+            "speaker": {**speaker, "default": DEFAULT_SPEAKER, "description": "Who said it."},
+            "audio": {"type": "string", "contentEncoding": "base64", "pattern": BASE64_PATTERN, "minLength": 1,
+                      "description": "The turn's audio: a WAV, FLAC, OGG or MP3 file, base64-encoded (encoded to "
+                                     f"codes with Mimi's encoder; at most {MAX_CONTEXT_SECONDS:g} s)."},
+            "codes": {"type": "array", "minItems": 1, "items": frame,
+                      "description": f"The turn's audio as Mimi codes: frames of {ids.num_codebooks} codes."},
+        },
+        "not": {"required": ["audio", "codes"]},
+    }
+    return {
+        "speaker": {**speaker, "default": DEFAULT_SPEAKER,
+                    "description": "Speaker id of the text (`[n]` before it in the prompt; 0 by default)."},
+        "context": {"type": "array", "maxItems": MAX_CONTEXT_TURNS, "items": turn,
+                    "description": "Earlier turns of the conversation, oldest first: each with its text, speaker "
+                                   "and optionally its audio (a clip or codes), which the model continues from."},
+        "depth_decoder_temperature": {"type": "number", "minimum": 0, "maximum": 10,
+                                      "description": "Temperature of codebooks 1..31 (the depth decoder); 0 is "
+                                                     "greedy, as is everything when `temperature` is 0."},
+        "depth_decoder_top_k": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1,
+                                "description": "Top-k of codebooks 1..31; 0 disables."},
+        "depth_decoder_top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                                "description": "Nucleus mass of codebooks 1..31."},
+    }
 
 
 def audio_frames(num_samples: int, samples_per_frame: int) -> int:

@@ -15,6 +15,7 @@ import torch
 from vox_serve.codecs.snac import SnacConfig, SnacDecoder
 from vox_serve.layers.llama import LlamaConfig, LlamaForCausalLM
 from vox_serve.models.orpheus.program import OrpheusProgram, orpheus_meta
+from vox_serve.models.tokenizers import load_tokenizer_json
 from vox_serve.models.tokenizers.byte_level import byte_level_tokenizer
 from vox_serve.models.tokenizers.user_text import for_user_text
 from vox_serve.rt.checkpoint import (
@@ -88,16 +89,7 @@ def load_orpheus(name: str, load_format: str, device: torch.device, dtype: torch
     else:
         lm.load_hf_weights(iter_safetensors(model_dir))
         snac = SnacDecoder.from_dir(str(_find_snac(model_dir, codec_path)), device=device)
-        tokenizer = for_user_text(_load_tokenizer(model_dir))
+        tokenizer = for_user_text(load_tokenizer_json(model_dir))
     lm = lm.to(dtype).eval()
     meta = orpheus_meta(name, max_model_len, constrain_audio)
     return OrpheusProgram(lm_cfg, lm, snac, tokenizer, meta, device, dtype)
-
-
-def _load_tokenizer(model_dir: Path) -> Any:
-    from tokenizers import Tokenizer
-
-    path = model_dir / "tokenizer.json"
-    if not path.exists():
-        raise CheckpointError(f"{path} is missing")
-    return Tokenizer.from_file(str(path))
