@@ -118,9 +118,10 @@ def test_fields_are_documented_for_the_model(program) -> None:
     assert props["emotion"]["type"] == "array" and props["emotion"]["minItems"] == props["emotion"]["maxItems"] == 8
     assert props["cfg_scale"]["exclusiveMinimum"] == 0 and props["cfg_scale"]["default"] == 2.0
     assert "ja" not in props["language"]["enum"] and "en-us" in props["language"]["enum"]
-    assert _form_value("emotion", "0.5, 0.25,0,0,0,0,0,0.25") == [0.5, 0.25, 0, 0, 0, 0, 0, 0.25]
+    assert _form_value("emotion", "0.5, 0.25,0,0,0,0,0,0.25", "array") == [0.5, 0.25, 0, 0, 0, 0, 0, 0.25]
     with pytest.raises(FieldError):
-        _form_value("emotion", "0.5;0.5")
+        _form_value("emotion", "0.5;0.5", "array")
+    assert _form_value("emotion", "[0.5, 0.5]", "array") == [0.5, 0.5]  # JSON text, as CSM's context is sent
 
 
 def test_bench_mode(tmp_path: Path) -> None:

@@ -224,8 +224,9 @@ def _form_kind(meta: ProgramMeta | None, key: str) -> str:
 
 def _form_value(key: str, value: str, kind: str) -> Any:
     """A form string as the field's type, written as JSON would write it (no spaces, no digit separators;
-    an array or object as JSON text); fields of other types stay strings."""
-    if kind in ("array", "object"):
+    an object, or an array, as JSON text; an array of numbers also comma-separated); fields of other
+    types stay strings."""
+    if kind == "object" or (kind == "array" and value.lstrip().startswith("[")):
         try:
             return json.loads(value, object_pairs_hook=_unique_keys, parse_float=_finite, parse_constant=_no_constant)
         except RecursionError:
@@ -243,7 +244,8 @@ def _form_value(key: str, value: str, kind: str) -> Any:
     if kind == "array":  # numbers, comma-separated
         items = value.split(",")
         if len(value) > MAX_NUMBER_CHARS * 16 or not all(_FORM_NUMBER.fullmatch(v.strip()) for v in items):
-            raise FieldError(key, f"must be comma-separated numbers such as 0.5,0.25, got {value[:40]!r}")
+            raise FieldError(key, f"must be a JSON array, or comma-separated numbers such as 0.5,0.25, in a form; "
+                                  f"got {value[:40]!r}")
         return [_finite_field(key, v.strip()) for v in items]
     return value
 
