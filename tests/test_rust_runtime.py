@@ -73,6 +73,26 @@ def test_rust_bench_wavs_match_python(rt, case: str, tmp_path: Path) -> None:
         assert all(row[3] == "stop" for row in _rows(rs.stdout))
 
 
+def test_rust_bench_serves_csm_like_python(rt, tmp_path: Path) -> None:
+    """CSM: 33 input columns, the depth decoder inside the LM stage, a stateful Mimi codec; its prompts
+    come from the program's preprocess (it publishes no prompt builder for Rust)."""
+    extra = ["--bench-kwargs", '{"max_tokens": 20}']
+    py = _bench("python", "csm-tiny", tmp_path / "py", *extra, requests=2)
+    assert py.returncode == 0, py.stderr
+    rs = _bench("rust", "csm-tiny", tmp_path / "rs", *extra, requests=2)
+    assert rs.returncode == 0, rs.stderr
+    assert "prompts built by the program's preprocess" in rs.stderr
+    for name in ("bench-000.wav", "bench-001.wav"):
+        ours, theirs = (tmp_path / "rs" / name).read_bytes(), (tmp_path / "py" / name).read_bytes()
+        assert len(ours) > 44 + 2000 and ours == theirs, name
+    assert _rows(rs.stdout) == _rows(py.stdout)
+
+
+def test_rust_runtime_refuses_paired_rows_with_a_clear_error(rt, tmp_path: Path) -> None:
+    proc = _bench("rust", "zonos-tiny", tmp_path / "rs", requests=1)
+    assert proc.returncode != 0 and "kv_streams" in proc.stderr and "--runtime python" in proc.stderr
+
+
 def test_rust_bench_voice_clone_matches_python(rt, tmp_path: Path) -> None:
     """Qwen3-TTS Base: the reference audio is encoded by the program's Python prompt builder (off the
     step path); its speaker vector and prompt vectors go through the Rust writer."""
