@@ -23,7 +23,7 @@ def admit_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpec]:
     a = limits.max_admits
     fields = [FieldSpec("admit_slot", (a,), I32)]
     fields += [FieldSpec(f"admit_{name}", (a,), dtype) for name, dtype in SAMPLING_FIELDS.items()]
-    for f in meta.layout.slot_fields:
+    for f in meta.slot_fields:
         fields += [FieldSpec(f"admit_{f.name}", (a, *f.shape), slot_field_dtype(f.dtype)),
                    FieldSpec(f"admit_{f.name}_len", (a,), I64)]
     return fields

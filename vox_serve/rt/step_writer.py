@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.meta import CODEC_PREFIX, EngineLimits, ProgramMeta
 from vox_serve.core.plan import NO_SLOT, CodecLaunch, LmLaunch, SlotInit, StepPlan, StepResult
 from vox_serve.core.stages import Stage, pick_bucket
 from vox_serve.rt.attention.base import AttentionPlan, paged_kv_offsets
@@ -46,10 +46,12 @@ class StepWriter:
         """Fill the host views for `plan`; returns its launches in order and the bytes to upload."""
         launches, end = [], 0
         if plan.admits or len(plan.pages):
-            self._admits(h, plan.admits)
+            num_primed = self._admits(h, plan.admits)
             self._pages(h, plan)
             launches.append(Launch(Stage.PROLOGUE, 1))
             end = self.end_of("page_id")
+            if num_primed:
+                launches.append(Launch(Stage.CODEC_PRIME, pick_bucket(num_primed, self.buckets[Stage.CODEC_PRIME])))
         if len(plan.codec):
             for launch in self._codec(h, plan.codec):
                 launches.append(launch)
@@ -63,15 +65,18 @@ class StepWriter:
         return launches, end
 
     # ---- sections ----------------------------------------------------------------------------
-    def _admits(self, h: HostViews, admits: list[SlotInit]) -> None:
+    def _admits(self, h: HostViews, admits: list[SlotInit]) -> int:
+        """Write the admit section; returns how many admissions carry a codec prefix. Those come first, so
+        that a `codec_prime` launch of bucket b primes admit rows 0..b-1 (the others have none: a no-op)."""
         n, cap = len(admits), self.limits.max_admits
         if n > cap:
             raise ValueError(f"{n} admissions in one step; the engine takes {cap}")
+        admits = sorted(admits, key=lambda a: not _has_prefix(a))
         h["admit_slot"][:n] = [a.slot for a in admits]
         h["admit_slot"][n:] = NO_SLOT
         for name in SAMPLING_FIELDS:
             h[f"admit_{name}"][:n] = [getattr(a, name) for a in admits]
-        for f in self.meta.layout.slot_fields:
+        for f in self.meta.slot_fields:
             values, lengths = h[f"admit_{f.name}"], h[f"admit_{f.name}_len"]
             for i, a in enumerate(admits):
                 value = a.conditioning.get(f.name)
@@ -81,6 +86,8 @@ class StepWriter:
                 if value is not None:
                     values[i, :length] = value
                 lengths[i] = length
+            lengths[n:] = 0
+        return sum(map(_has_prefix, admits))
 
     def _pages(self, h: HostViews, plan: StepPlan) -> None:
         p, n = plan.pages, len(plan.pages)
@@ -148,6 +155,11 @@ class StepWriter:
         attention = AttentionPlan(n, rows.num_tokens, rows.kv_len, num_rows=seqs,
                                   graph_tokens=bucket if self.captured_prefill else None)
         return Launch(Stage.PREFILL, bucket, num_seqs=seqs, attention=attention)
+
+
+def _has_prefix(admit: SlotInit) -> bool:
+    prefix = admit.conditioning.get(CODEC_PREFIX)
+    return prefix is not None and len(prefix) > 0
 
 
 def _padded(values: np.ndarray, size: int, pad: int) -> np.ndarray:
