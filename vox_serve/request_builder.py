@@ -7,13 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 from vox_serve.core.meta import ProgramMeta
-from vox_serve.core.request import Prompt, Request, SamplingParams
+from vox_serve.core.request import Prompt, Request, SamplingParams, TextFeed
 
 _NUMERIC = {
     "temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
     "top_k": int, "max_tokens": int, "seed": int,
 }
-_BOOL = ("ignore_eos", "streaming", "x_vector_only_mode")
+_BOOL = ("ignore_eos", "streaming", "x_vector_only_mode", "non_streaming_mode")
 AUDIO = "audio"  # reference audio: the uploaded file's bytes
 _ALIASES = {"speaker": "voice"}
 
@@ -154,8 +154,11 @@ def make_prompt(preprocess: Preprocess, clean: dict[str, Any]) -> Prompt:
 
 
 def new_request(req_id: str, prompt: Prompt, clean: dict[str, Any], sampling: SamplingParams) -> Request:
+    """A request for its prompt; one with trailing text ids is fed them, one per generated row, as an input-
+    streaming request whose text has ended."""
+    feed = TextFeed(list(prompt.trailing_text), ended=True) if prompt.trailing_text else None
     return Request(req_id=req_id, prompt=prompt, sampling=sampling, streaming=clean.get("streaming", True),
-                   extra={"fields": clean})
+                   extra={"fields": clean}, text_feed=feed)
 
 
 def build_request(meta: ProgramMeta, preprocess: Preprocess, fields: dict[str, Any], req_id: str,
