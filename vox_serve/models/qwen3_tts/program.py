@@ -8,7 +8,15 @@ Arena input layout (`input_ids [T, G + 1]`, G = code groups, 16 in the released 
 The input embedding of a position is text_projection(text_embedding(text)) + sum of the present
 code embeddings, as the reference builds its prompt and decode inputs. Base (voice clone) prompts also
 carry the speaker embedding of the reference audio, added at the speaker position through the prefill
-arena's `embed_rows` / `embeds` fields (see `qwen3_tts_clone.py`: the encoders run in `preprocess`).
+arena's `embed_rows` / `embeds` fields (see `clone.py`: the encoders run in `preprocess`).
+
+Prompt layouts, as the reference's `non_streaming_mode` (a request field; the reference's defaults: false
+for Base's `generate_voice_clone`, true for the others): true puts the whole text in the prompt (prompt.py);
+false ends the prompt with the first text id (in-context clones: the reference frames paired with the
+transcript's and the text's ids) and feeds the others one per generated frame through the streamed text
+column (`Prompt.trailing_text`, the same path input streaming takes: stream.py). An in-context clone's
+codec slot is primed with its reference frames at admission (`codec_prime`), as the reference decodes
+them before the generated frames and cuts their audio off.
 
 One LM step (prefill or decode) ends with whole frames: the talker samples group 0 over the codec
 vocabulary with the control ids 2048..3071 suppressed except EOS (allowed once the row may stop and
