@@ -24,7 +24,7 @@ pip wheel --no-deps --wheel-dir "$OUT" .
 # so list the older ones the packages are published under too.
 TAGS=(--platform "$PLATFORM" --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64
       --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
-PKGS=(numpy safetensors tokenizers fastapi starlette pydantic pydantic-core annotated-types typing-inspection
+PKGS=(numpy safetensors tokenizers fastapi annotated-doc opentelemetry-api starlette pydantic pydantic-core annotated-types typing-inspection
       typing-extensions anyio idna sniffio h11 click uvicorn python-multipart pyzmq msgpack
       av prometheus-client websockets httpx httpcore certifi
       "$FLASHINFER" apache-tvm-ffi nvidia-cudnn-frontend einops ninja tqdm requests tabulate packaging nvidia-ml-py)

@@ -230,12 +230,20 @@ def test_decode_planner_equals_flashinfers(cuda_graph: bool, heads: tuple[int, i
     require_planner()
     geometry = (*heads, 128, 16)
     # The decode kernel's occupancy is the GPU's to know: find the blocks per SM that reproduce
-    # FlashInfer's plan of one long sequence; every other plan must then match with it.
-    probe_wrapper = _decode_wrapper(cuda_graph, use_tensor_cores=False, max_batch=1)
-    probe = _decode_plan(probe_wrapper, [0, 400], [5], geometry)
-    blocks = [b for b in range(1, 33)
-              if _same_plan(_shim_for(probe_wrapper, *geometry, b).decode([0, 400], cuda_graph), probe)]
-    assert blocks, "no occupancy reproduces FlashInfer's decode plan"
+    # FlashInfer's plans of probe batches (one long sequence alone does not pin it down: several
+    # occupancies split it alike); every other plan must then match with it.
+    probe_gen = random.Random(3)
+    probes = [([0, 400], [5]), _paged_batch(probe_gen, 8, 16, 300), _paged_batch(probe_gen, 64, 16, 300)]
+
+    wrappers = [_decode_wrapper(cuda_graph, use_tensor_cores=False, max_batch=len(last)) for _, last in probes]
+    wants = [_decode_plan(w, indptr, last, geometry) for w, (indptr, last) in zip(wrappers, probes, strict=True)]
+
+    def reproduces(b: int) -> bool:
+        return all(_same_plan(_shim_for(w, *geometry, b).decode(indptr, cuda_graph), want)
+                   for w, (indptr, _), want in zip(wrappers, probes, wants, strict=True))
+
+    blocks = [b for b in range(1, 33) if reproduces(b)]
+    assert blocks, "no occupancy reproduces FlashInfer's decode plans"
     gen = random.Random(7)
     for batch in [1, 2, 3, 8, 17, 33, 64]:
         wrapper = _decode_wrapper(cuda_graph, use_tensor_cores=False, max_batch=batch)  # one per batch in a graph

@@ -12,6 +12,8 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from vox_serve.core.stages import Stage
 
 if TYPE_CHECKING:
@@ -53,7 +55,8 @@ def resolve_stage(handle: str) -> Callable[..., None]:
     program = _ENGINES[int(engine_id)].program
 
     def run(num_seqs: int | None = None) -> None:
-        program.run_stage(Stage(stage), int(bucket), num_seqs)
+        with torch.inference_mode():  # as at warm-up and capture, whose tensors are inference tensors
+            program.run_stage(Stage(stage), int(bucket), num_seqs)
 
     return run
 
@@ -69,6 +72,9 @@ def resolve_planner(handle: str) -> Callable[[Stage, Any, int], None]:
     program = _ENGINES[int(engine_id)].program
 
     def plan(stage: Stage, attention_plan: Any, host_buffer: int) -> None:
-        program.attention.plan(attention_plan, plan_inputs(program, stage, host_buffer))
+        # FlashInfer's wrappers create some buffers at their first plan, at warm-up (inference mode):
+        # later plans write them in place, which only inference mode allows
+        with torch.inference_mode():
+            program.attention.plan(attention_plan, plan_inputs(program, stage, host_buffer))
 
     return plan
