@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# The slot field of a request's codec prefix (`ProgramLayout.codec_prefix_frames`), set from
-# `Prompt.conditioning[CODEC_PREFIX]`: frames [n, codes_per_frame] int32.
+# A request's codec prefix (`ProgramLayout.codec_prefix_frames`): `Prompt.conditioning[CODEC_PREFIX]`,
+# frames [n, codes_per_frame] of integer codes; in step_in `codec_prime_codes` / `codec_prime_len`.
 CODEC_PREFIX = "codec_prefix"
 
 
@@ -30,7 +30,7 @@ class ProgramLayout:
     frame_latent_dim: int = 0  # > 0: each generated frame leaves a float vector that codec windows read
     # > 0: a request's codec stream may start with up to this many frames that are decoded but never
     # emitted (a voice clone's reference frames): its codec slot is primed with them once, in the step
-    # that admits it (the `codec_prime` stage), from the slot field CODEC_PREFIX.
+    # that admits it (the `codec_prime` stage), from `Prompt.conditioning[CODEC_PREFIX]`.
     codec_prefix_frames: int = 0
 
 
@@ -87,14 +87,6 @@ class ProgramMeta:
 
     def codec_window(self, frames_per_chunk: int) -> int:
         return self.codec_lookback_frames + frames_per_chunk + self.codec_lookahead_frames
-
-    @property
-    def slot_fields(self) -> tuple[SlotField, ...]:
-        """Every per-slot field set at admission: the program's own, and its codec prefix when it declares one."""
-        fields = self.layout.slot_fields
-        if self.layout.codec_prefix_frames:
-            fields += (SlotField(CODEC_PREFIX, (self.layout.codec_prefix_frames, self.codes_per_frame), "int32"),)
-        return fields
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

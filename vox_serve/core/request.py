@@ -97,9 +97,10 @@ class Prompt:
 
     `ids` [prompt_len, input_columns]; `vectors`: prompt position -> a vector added to that position's
     input embedding (any number, `ProgramLayout.prompt_vector_dim` wide); `conditioning`: per-slot
-    fields the program declared (`ProgramMeta.slot_fields`, the codec prefix included), set once when
-    the request is admitted; `trailing_text`: for a model with a `streamed_text_column`, the text ids of
-    the first generated rows (row k carries `trailing_text[k]`), ahead of any that stream in later.
+    fields the program declared (`ProgramLayout.slot_fields`), set once when the request is admitted, and
+    its codec prefix (`meta.CODEC_PREFIX`, programs that declare `codec_prefix_frames`); `trailing_text`:
+    for a model with a `streamed_text_column`, the text ids of the first generated rows (row k carries
+    `trailing_text[k]`), ahead of any that stream in later.
     """
 
     ids: np.ndarray

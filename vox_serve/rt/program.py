@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vox_serve.core.meta import CODEC_PREFIX, EngineLimits, ProgramMeta
+from vox_serve.core.meta import EngineLimits, ProgramMeta
 from vox_serve.core.request import Prompt
 from vox_serve.core.stages import Stage
 from vox_serve.rt.arena import Arena
@@ -94,7 +94,7 @@ class Program(ABC):
         for name in SAMPLING_FIELDS:
             st[name][slots] = a[f"admit_{name}"]
         st.num_codes.index_fill_(0, slots, 0)
-        for f in self.meta.slot_fields:
+        for f in self.meta.layout.slot_fields:
             st[f.name][slots] = a[f"admit_{f.name}"]
             st[f"{f.name}_len"][slots] = a[f"admit_{f.name}_len"]
         raw = a["page_slot"]
@@ -105,10 +105,10 @@ class Program(ABC):
 
     def codec_prime(self, rows: int) -> None:
         """Prime the codec slots of admit rows 0..rows-1 (those with a codec prefix come first; the others
-        have a prefix of length 0) with the prefixes the prologue has just stored in their slot rows."""
-        st = self.state
-        slots = st.slots(self.arenas["step_in"].dev["admit_slot"][:rows])
-        self.prime_codec(slots, st[CODEC_PREFIX][slots], st[f"{CODEC_PREFIX}_len"][slots])
+        have a prefix of length 0) with their prefixes, read from step_in; the prologue has just reset them."""
+        a = self.arenas["step_in"].dev
+        self.prime_codec(self.state.slots(a["admit_slot"][:rows]), a["codec_prime_codes"][:rows],
+                         a["codec_prime_len"][:rows])
 
     def _source(self, stage: str) -> LaunchSource:
         return LaunchSource(self.state, self.arenas["step_in"], self.arenas["step_out"], self.limits.page_size,

@@ -54,7 +54,7 @@ class SlotState:
         self.num_codes = self._alloc("num_codes", (rows,), torch.int64, device)
         dim = meta.layout.frame_latent_dim
         self.latents = self._alloc("latents", (rows, self.max_frames, dim), torch.float32, device) if dim else None
-        for f in meta.slot_fields:
+        for f in meta.layout.slot_fields:
             self._alloc(f.name, (rows, *f.shape), slot_field_dtype(f.dtype), device)
             self._alloc(f"{f.name}_len", (rows,), torch.int64, device)
 

@@ -44,14 +44,18 @@ class StepWriter:
 
     def write(self, h: HostViews, plan: StepPlan) -> tuple[list[Launch], int]:
         """Fill the host views for `plan`; returns its launches in order and the bytes to upload."""
-        launches, end = [], 0
+        launches, end, primed_end = [], 0, 0
         if plan.admits or len(plan.pages):
-            num_primed = self._admits(h, plan.admits)
+            admits = sorted(plan.admits, key=lambda a: not _has_prefix(a))  # those with a codec prefix first
+            self._admits(h, admits)
             self._pages(h, plan)
             launches.append(Launch(Stage.PROLOGUE, 1))
             end = self.end_of("page_id")
+            num_primed = sum(map(_has_prefix, admits))
             if num_primed:
+                self._codec_prefixes(h, admits[:num_primed])
                 launches.append(Launch(Stage.CODEC_PRIME, pick_bucket(num_primed, self.buckets[Stage.CODEC_PRIME])))
+                primed_end = self.end_of("codec_prime_len")
         if len(plan.codec):
             for launch in self._codec(h, plan.codec):
                 launches.append(launch)
@@ -62,21 +66,18 @@ class StepWriter:
         if len(plan.decode):
             launches.append(self._decode(h, plan.decode))
             end = max(end, self.end_of("decode_last_page_len"))
-        return launches, end
+        return launches, max(end, primed_end)
 
     # ---- sections ----------------------------------------------------------------------------
-    def _admits(self, h: HostViews, admits: list[SlotInit]) -> int:
-        """Write the admit section; returns how many admissions carry a codec prefix. Those come first, so
-        that a `codec_prime` launch of bucket b primes admit rows 0..b-1 (the others have none: a no-op)."""
+    def _admits(self, h: HostViews, admits: list[SlotInit]) -> None:
         n, cap = len(admits), self.limits.max_admits
         if n > cap:
             raise ValueError(f"{n} admissions in one step; the engine takes {cap}")
-        admits = sorted(admits, key=lambda a: not _has_prefix(a))
         h["admit_slot"][:n] = [a.slot for a in admits]
         h["admit_slot"][n:] = NO_SLOT
         for name in SAMPLING_FIELDS:
             h[f"admit_{name}"][:n] = [getattr(a, name) for a in admits]
-        for f in self.meta.slot_fields:
+        for f in self.meta.layout.slot_fields:
             values, lengths = h[f"admit_{f.name}"], h[f"admit_{f.name}_len"]
             for i, a in enumerate(admits):
                 value = a.conditioning.get(f.name)
@@ -86,8 +87,18 @@ class StepWriter:
                 if value is not None:
                     values[i, :length] = value
                 lengths[i] = length
-            lengths[n:] = 0
-        return sum(map(_has_prefix, admits))
+
+    def _codec_prefixes(self, h: HostViews, primed: list[SlotInit]) -> None:
+        """The codec prefixes of admit rows 0..n-1 (the admissions that carry one come first, so that a
+        `codec_prime` launch of bucket b primes rows 0..b-1; rows past n get length 0: no-ops)."""
+        values, lengths = h["codec_prime_codes"], h["codec_prime_len"]
+        for i, a in enumerate(primed):
+            prefix = a.conditioning[CODEC_PREFIX]
+            if len(prefix) > values.shape[1]:
+                raise ValueError(f"{CODEC_PREFIX} of {len(prefix)} frames exceeds the declared {values.shape[1]}")
+            values[i, :len(prefix)] = prefix
+            lengths[i] = len(prefix)
+        lengths[len(primed):] = 0
 
     def _pages(self, h: HostViews, plan: StepPlan) -> None:
         p, n = plan.pages, len(plan.pages)

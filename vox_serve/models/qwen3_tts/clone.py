@@ -79,8 +79,8 @@ class VoiceCloner:
         saved = fields.get(SAVED_VOICE_FIELD)
         if saved is not None:
             return clone_prompt_text_ids(tokenizer, saved.ref_text, len(saved.ref_codes))
-        samples, rate = self._decoded(fields["audio"])
-        frames = -(-math.ceil(len(samples) * SAMPLE_RATE / rate) // self.codec_encoder.config.samples_per_frame)
+        samples, rate = self._decoded(fields["audio"])  # not resampled: `resample`'s length, in integers
+        frames = _ceil_div(_ceil_div(len(samples) * SAMPLE_RATE, rate), self.codec_encoder.config.samples_per_frame)
         return clone_prompt_text_ids(tokenizer, fields["ref_text"], frames)
 
     def voice(self, fields: dict[str, Any], x_vector_only: bool) -> VoicePrompt:
@@ -174,6 +174,10 @@ def clone_prompt(rows: list[list[int]], speaker_row: int, trailing: list[int], v
     (the reference decodes the clip's codes before the generated ones and cuts their audio off)."""
     conditioning = {CODEC_PREFIX: voice.ref_codes} if voice.ref_codes else {}
     return Prompt.of(rows, {speaker_row: voice.speaker}, conditioning, trailing)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def max_reference_frames(samples_per_frame: int) -> int:
