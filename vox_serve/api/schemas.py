@@ -89,6 +89,8 @@ def _property(name: str, meta: ProgramMeta | None, media: str, whole_text: bool)
         prop["default"] = True
         if not whole_text:  # an input-streaming session always streams
             prop["enum"] = [True]
+    elif name == "non_streaming_mode" and not whole_text:  # ... and feeds its text as it arrives
+        prop["enum"] = [False]
     elif meta is not None and name in meta.default_sampling:
         prop["default"] = meta.default_sampling[name]
     return prop
