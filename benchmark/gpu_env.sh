@@ -3,7 +3,9 @@
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
+  export VOX_SITE=/tmp/site PYTHONPATH=/tmp/site:$PWD
+elif [ -n "${VOX_SITE:-}" ]; then  # sourced again from another tree (TREE=.before): keep the wheels
+  export PYTHONPATH=$VOX_SITE:$PWD
 else
   export PYTHONPATH=$PWD
 fi

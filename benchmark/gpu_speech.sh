@@ -19,7 +19,8 @@ for _ in $(seq 1 240); do
 done
 L=(python3 benchmark/load.py --url "http://127.0.0.1:$PORT" --max-tokens "$MAX_TOKENS" --settings "${SERVER[*]}"
    --rates "${RATES:-8,12,16}" --num-requests "${NUM_REQUESTS:-120}")
-timeout 60 "${L[@]}" --offline 1 >/dev/null  # warm-up
+echo "== first request on the fresh server"
+timeout 60 "${L[@]}" --offline 1 --out "$OUT/${NAME}_single.json" | tail -1  # also the warm-up
 for run in generate speech_pcm speech_opus; do
   case $run in
     generate) args=();;

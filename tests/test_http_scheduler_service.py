@@ -5,6 +5,7 @@ sessions start before their text ends)."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from tests.engine_helpers import build_program, engine_worker
 from vox_serve import ipc
 from vox_serve.config import CacheConfig, ModelConfig, SchedulerConfig, VoxConfig
 from vox_serve.engine_loop import EngineLoop
+from vox_serve.prompt_pool import PromptPool
 from vox_serve.scheduler.base import Scheduler
 from vox_serve.scheduler_entry import SchedulerService
 
@@ -192,3 +194,30 @@ def test_qwen_session_text_past_the_limit_fails_the_running_request(qwen) -> Non
     (failed,) = driver.events("s", ipc.Failed)
     assert failed.code == "invalid_field" and "limit" in failed.message and not driver.service.sessions
     assert all(free == total for free, total in driver.service.pools().values())
+
+
+def test_warm_up_builds_one_prompt_in_the_pool_thread_before_any_request(program: Any) -> None:
+    built: list[str] = []
+
+    def preprocess(fields: dict[str, Any]) -> Any:
+        built.append(threading.current_thread().name)
+        return program.preprocess(fields)
+
+    meta = program.meta
+    loop = EngineLoop(Scheduler(meta, program.limits, CONFIG.scheduler), engine_worker(program))
+    pool = PromptPool(threads=1)
+    service = SchedulerService(loop, preprocess, CONFIG, [].append, prompts=pool)
+    service.warm_prompts()
+    assert len(built) == 1 and built[0].startswith("prompts")
+    assert not service.busy and pool.num_pending == 0 and pool.completed() == []
+    pool.close()
+
+
+def test_a_failing_warm_up_is_logged_and_the_replica_still_serves(program: Any,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    def broken(fields: dict[str, Any]) -> Any:
+        raise RuntimeError("no tokenizer")
+
+    h = Harness(program, preprocess=broken)
+    h.service.warm_prompts()
+    assert "warm-up prompt failed" in caplog.text and "no tokenizer" in caplog.text

@@ -9,9 +9,11 @@ import time
 import pytest
 
 from vox_serve import ipc
+from vox_serve.api.errors import ApiError
 from vox_serve.api.replicas import (
     HEARTBEAT_TIMEOUT_S,
     MAX_UNREAD_AUDIO_BYTES,
+    STALE_GRACE_S,
     STUCK_STEP_S,
     ReplicaManager,
     ReplicaState,
@@ -104,3 +106,39 @@ def test_a_replica_busy_in_a_long_step_stays_ready_until_the_step_is_stuck() -> 
     manager._dispatch(ipc.Heartbeat(0, 0, step_s=HEARTBEAT_TIMEOUT_S + 1))
     manager._watch(replica, time.monotonic())
     assert replica.proc.killed and "stuck" in replica.fatal
+
+
+def test_a_request_waits_briefly_for_a_silent_replica_whose_heartbeat_is_only_unread() -> None:
+    """The API's own stall (its loop or CPU starved) looks like the replica's silence: a request that
+    finds the only replica stale waits for the queued heartbeat instead of a 503."""
+    manager = ready_manager()
+    replica = manager.replicas[0]
+    replica.proc, replica.last_seen = FakeProcess(), replica.last_seen - 5.0
+
+    async def run() -> None:
+        async def heartbeat_arrives() -> None:
+            await asyncio.sleep(0.1)
+            manager._dispatch(ipc.Heartbeat(0, 0, step_s=0.0))
+
+        beat = asyncio.create_task(heartbeat_arrives())
+        task = asyncio.create_task(manager.submit({"text": "hi"}))
+        for _ in range(200):
+            if manager.handles or task.done():
+                break
+            await asyncio.sleep(0.01)
+        [req_id] = manager.handles  # the request went to the replica (a 503 leaves no handle)
+        manager._dispatch(ipc.Started(req_id, 3))
+        assert (await task).prompt_len == 3
+        await beat
+
+    asyncio.run(run())
+
+
+def test_a_request_to_a_replica_that_stays_silent_is_refused_after_the_grace() -> None:
+    manager = ready_manager()
+    manager.replicas[0].last_seen -= 5.0
+    start = time.monotonic()
+    with pytest.raises(ApiError) as err:
+        asyncio.run(manager.submit({"text": "hi"}))
+    assert err.value.status == 503 and "heartbeat" in str(err.value)
+    assert STALE_GRACE_S <= time.monotonic() - start and not manager.handles

@@ -343,3 +343,18 @@ def test_policies_are_subclasses_with_the_same_life_cycle() -> None:
         req = b.add("r0", frames=12)
         b.run()
         assert finished(req)
+
+
+@pytest.mark.parametrize("policy", ["base", "online", "offline", "deadline"])
+def test_the_last_position_of_a_chunked_prompt_is_prefilled_not_decoded(policy: str) -> None:
+    """A decode row's ids come from the generated history, so a prompt one token longer than the prefill
+    budget computes its last prompt position (the host's ids, its prompt vectors) in a prefill row."""
+    b = Bench(policy, lim=limits(max_prefill_tokens=8))
+    req = b.add("r0", frames=4, prompt_len=9)
+    first = b.step()
+    assert first.prefill.num_tokens.tolist() == [8] and not len(first.decode)
+    second = b.step()
+    assert second.prefill.start.tolist() == [8] and second.prefill.num_tokens.tolist() == [1]
+    assert not len(second.decode)
+    b.run()
+    assert req.status is RequestStatus.FINISHED and req.num_generated == 8  # the simulated 4 frames

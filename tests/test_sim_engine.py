@@ -156,3 +156,17 @@ def test_a_profile_calibrated_from_a_trace_reproduces_the_traced_stage_times(tmp
         assert ms == pytest.approx(COSTS.codec_ms(x), abs=1e-3)
     loaded = Profile.from_dict(json.loads(json.dumps(profile)))
     assert loaded.costs.decode_ms(3) == pytest.approx(COSTS.decode_ms(3), abs=1e-3)
+
+
+def test_the_zonos_profile_simulates_paired_rows() -> None:
+    """The Zonos estimate profile: 44.1 kHz DAC frames, two KV streams a request, so the simulated
+    scheduler holds twice the pages of a one-stream model for the same requests."""
+    p = load_profile("zonos")
+    assert p.meta.layout.kv_streams == 2 and p.meta.sample_rate == 44100 and p.meta.codec_pads_end
+    assert "estimate" in p.raw["device"] and p.raw["notes"]
+    options = EngineOptions(max_batch=4, max_model_len=256)
+    assert options.limits(p.meta).kv_streams == 2
+    assert options.limits(p.meta).num_pages - 1 == 2 * options.limits(PROFILE.meta).num_pages - 2
+    arrivals = [Arrival(0.0, f"r{i}", 20, 40) for i in range(3)]  # prompts of 20, 40 frames each
+    run = simulate(p, "base", arrivals, options)
+    assert [t.num_samples for t in run.traces] == [40 * 512] * 3  # DAC pads the end: every frame is audio

@@ -4,6 +4,9 @@ replay as CUDA graphs with the eager results, and the eager generation on CUDA e
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -12,10 +15,14 @@ from dac_helpers import save, tiny_reference
 from safetensors.torch import load_file
 from zonos_helpers import FIXTURES, generate, scenario_sampling
 
+from tests.engine_helpers import make_loop
 from vox_serve.codecs.dac.decoder import load_dac, receptive_field
 from vox_serve.codecs.dac.stream import decode_windows
+from vox_serve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, VoxConfig
 from vox_serve.models.zonos import delay, sampling
 from vox_serve.models.zonos.loader import load_zonos_lm
+from vox_serve.request_builder import build_request
+from vox_serve.rt.attention import flashinfer_available
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -89,3 +96,71 @@ def test_generation_on_cuda_matches_fixture() -> None:
     out = generate(lm, expected["greedy.conditioning"].to(DEV), max_new_tokens=spec["generate"]["max_new_tokens"],
                    cfg_scale=spec["generate"]["cfg_scale"], params=params, repetition_window=window)
     assert torch.equal(out.codes.cpu(), expected["greedy.codes"])
+
+
+# ---- the served program (paired rows through the engine) ----------------------------------------------
+
+def test_served_fixture_graphs_equal_eager_and_upstream() -> None:
+    """The fixture checkpoint in float32 with the torch backend: captured decode replays the eager steps, and
+    both give upstream's codes; streamed PCM agrees within int16 rounding."""
+    from zonos_serving_helpers import (
+        SERVED,
+        codes_of,
+        config,
+        expected,
+        fixture_program,
+        pcm_of,
+        scenario_request,
+        serve,
+    )
+
+
+    fx, runs = expected(), {}
+    for graphs in (False, True):
+        cfg = config("cuda", EngineConfig(attention_backend="torch", disable_cuda_graph=not graphs))
+        reqs = serve(fixture_program(cfg), cfg, [scenario_request(n, fx[f"{n}.conditioning"]) for n in SERVED])
+        for req in reqs:
+            assert req.error is None and torch.equal(codes_of(req), fx[f"{req.req_id}.codes"][0]), req.req_id
+        runs[graphs] = reqs
+    for a, b in zip(runs[False], runs[True], strict=True):
+        assert a.tokens == b.tokens and abs(pcm_of(a) - pcm_of(b)).max() <= 2
+
+
+@pytest.mark.parametrize("backend,dtype", [("torch", "float32"), ("flashinfer", "bfloat16")])
+def test_zonos_tiny_graphs_equal_eager(backend: str, dtype: str) -> None:
+    """zonos-tiny (head_dim 64) from the registry: graphs == eager tokens with each attention backend
+    (FlashInfer plans 2 * bucket attention rows; it needs a 16-bit type)."""
+    from vox_serve.config import EngineConfig
+    from vox_serve.engine.build import build_program
+
+    if backend == "flashinfer" and not flashinfer_available():
+        pytest.skip("flashinfer not installed")
+    tokens = {}
+    for graphs in (False, True):
+        cfg = VoxConfig(model=ModelConfig(model="zonos-tiny", device="cuda", dtype=dtype),
+                        cache=CacheConfig(max_num_pages=512, max_model_len=512),
+                        scheduler=SchedulerConfig(max_batch_size=8, max_codec_batch=8, max_prefill_tokens=256),
+                        engine=EngineConfig(attention_backend=backend, disable_cuda_graph=not graphs))
+        program = build_program(cfg)
+        loop = make_loop(program, cfg)
+        reqs = [build_request(program.meta, program.preprocess, {"text": f"Request {i}, some text.", "max_tokens": 48,
+                                                                  "ignore_eos": True, "cfg_scale": 1.5 + i},
+                              f"r{i}", greedy=True, seed=i) for i in range(3)]
+        for req in reqs:
+            loop.scheduler.add_request(req)
+        loop.run_until_idle()
+        assert all(r.error is None and len(r.tokens) == 48 for r in reqs)
+        tokens[graphs] = [r.tokens for r in reqs]
+    assert tokens[True] == tokens[False]
+
+
+def test_zonos_full_size_dummy_loads_and_serves() -> None:
+    """The published size (26 layers, d_model 2048) with dummy weights in bf16, DAC 44.1 kHz at full size."""
+    cmd = [sys.executable, "-m", "vox_serve.launch", "--model", "zonos", "--load-format", "dummy",
+           "--device", "cuda", "--bench-requests", "2", "--max-model-len", "512", "--max-batch-size", "8",
+           "--bench-kwargs", '{"max_tokens": 60, "ignore_eos": true}']
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    weights_mib = float(re.search(r"weights (\d+) MiB", proc.stderr).group(1))
+    assert 2800 < weights_mib < 4200, weights_mib  # ~1.6B bf16 LM parameters + DAC
+    assert proc.stdout.count(" length") == 2

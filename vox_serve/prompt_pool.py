@@ -43,6 +43,14 @@ class PromptPool:
         future = self._pool.submit(build)
         future.add_done_callback(lambda f: self._finished(key, f))
 
+    def warm(self, build: Callable[[], Any], timeout_s: float = 120.0) -> None:
+        """Run `build` once in the pool and wait: the thread, its CUDA stream and whatever the first
+        prompt initialises lazily are ready before the first request instead of in its TTFA."""
+        if self._pool is None:
+            build()
+        else:
+            self._pool.submit(build).result(timeout=timeout_s)
+
     def _finished(self, key: str, future: Future) -> None:
         self._done.put((key, future))
         if self._wake is not None:

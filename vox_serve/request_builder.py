@@ -12,7 +12,21 @@ from vox_serve.core.request import Prompt, Request, SamplingParams, TextFeed
 _NUMERIC = {
     "temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
     "top_k": int, "max_tokens": int, "seed": int,
+    # model fields (a model takes the ones it lists in accepted_fields): Zonos conditioning and sampling
+    "cfg_scale": float, "fmax": float, "pitch_std": float, "speaking_rate": float, "linear": float, "conf": float,
+    "quad": float,
 }
+# Ranges of model fields (JSON-schema keywords; the sampling fields' are SamplingParams.validate's)
+MODEL_FIELD_BOUNDS: dict[str, dict[str, float]] = {
+    "cfg_scale": {"exclusiveMinimum": 0, "maximum": 10}, "fmax": {"minimum": 0, "maximum": 24000},
+    "pitch_std": {"minimum": 0, "maximum": 400}, "speaking_rate": {"minimum": 0, "maximum": 40},
+    "linear": {"minimum": -2, "maximum": 2}, "conf": {"minimum": -2, "maximum": 2},
+    "quad": {"minimum": -2, "maximum": 2},
+}
+# Fields that are a list of numbers: name -> (length, minimum, maximum)
+NUMBER_LISTS: dict[str, tuple[int, float, float]] = {"emotion": (8, 0.0, 1.0)}
+_BOUND_CHECKS = {"minimum": lambda v, e: v >= e, "maximum": lambda v, e: v <= e,
+                 "exclusiveMinimum": lambda v, e: v > e, "exclusiveMaximum": lambda v, e: v < e}
 _BOOL = ("ignore_eos", "streaming", "x_vector_only_mode", "non_streaming_mode")
 AUDIO = "audio"  # reference audio: the uploaded file's bytes
 _ALIASES = {"speaker": "voice"}
@@ -75,7 +89,13 @@ def _field_value(key: str, value: Any) -> Any:
     if value is None:  # refused rather than read as "absent": the schema gives every field one type
         raise FieldError(key, "must not be null; leave the field out to get its default")
     if key in _NUMERIC:
-        return _number(key, value, _NUMERIC[key])
+        number = _number(key, value, _NUMERIC[key])
+        bounds = MODEL_FIELD_BOUNDS.get(key, {})
+        if not all(_BOUND_CHECKS[k](number, edge) for k, edge in bounds.items()):
+            raise FieldError(key, f"must be in the range {bounds}")
+        return number
+    if key in NUMBER_LISTS:
+        return _number_list(key, value)
     if key in _BOOL:
         if not isinstance(value, bool):
             raise FieldError(key, "must be a boolean")
@@ -87,6 +107,14 @@ def _field_value(key: str, value: Any) -> Any:
     else:
         check_encodable(key, value)
     return value
+
+
+def _number_list(key: str, value: Any) -> list[float]:
+    length, lo, hi = NUMBER_LISTS[key]
+    if (not isinstance(value, list | tuple) or len(value) != length
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) and lo <= v <= hi for v in value)):
+        raise FieldError(key, f"must be a list of {length} numbers in [{lo:g}, {hi:g}]")
+    return [float(v) for v in value]
 
 
 def check_text(meta: ProgramMeta, text: Any) -> None:

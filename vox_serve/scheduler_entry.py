@@ -44,6 +44,7 @@ log = logging.getLogger("vox_serve.scheduler_entry")
 
 IDLE_POLL_S = 0.05  # longest wait for a message while nothing runs
 STATS_INTERVAL_S = 0.2
+WARM_UP_TEXT = "Hello, this is a warm-up."  # one prompt built before the replica is ready
 VoiceEncoder = Callable[[bytes, str | None], VoicePrompt]  # (reference audio, its transcript) -> prompt
 
 
@@ -261,6 +262,20 @@ class SchedulerService:
         self.preparing[req_id] = Preparing(clean, sampling, text_feed, reply_started)
         self.prompts.submit(req_id, lambda: make_prompt(run, clean))
         return True
+
+    def warm_prompts(self) -> None:
+        """Build a plain text request's prompt once before the replica reports ready (see PromptPool.warm).
+        A model whose requests need more than text (a reference clip) has nothing to warm this way."""
+        try:
+            clean, _ = request_fields(self.meta, {"text": WARM_UP_TEXT}, True, 0)
+        except FieldError:
+            return
+        try:
+            self.prompts.warm(lambda: make_prompt(self.preprocess, clean))
+        except FieldError:
+            return
+        except Exception as exc:  # the replica still serves; its first request pays the lazy start-up
+            log.warning("building a warm-up prompt failed: %r", exc)
 
     def _queue_prepared(self) -> None:
         """Queue the requests whose prompts are ready (or fail those whose prompt could not be built)."""
@@ -519,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     service = SchedulerService(loop, program.preprocess, config, conn.send, args.replica, args.incarnation,
                                streamer=program if program.meta.streamed_text_column is not None else None,
                                prompts=prompts, voice_encoder=getattr(program, "encode_voice", None))
+    service.warm_prompts()
     conn.send(ipc.Ready(args.replica, args.incarnation, os.getpid(), str(program.device),
                         program.meta.to_dict(), asdict(program.limits)))
     log.info("ready on %s: model %s, %d KV pages", program.device, program.meta.name, program.limits.num_pages - 1)

@@ -226,6 +226,11 @@ def _form_value(key: str, value: str) -> Any:
         if len(value) > MAX_NUMBER_CHARS or not _FORM_NUMBER.fullmatch(value):
             raise FieldError(key, f"must be a number such as 7, -2 or 0.5e-3, got {value[:40]!r}")
         return int(value) if _FORM_INTEGER.fullmatch(value) else _finite_field(key, value)
+    if kind == "array":  # numbers, comma-separated
+        items = value.split(",")
+        if len(value) > MAX_NUMBER_CHARS * 16 or not all(_FORM_NUMBER.fullmatch(v.strip()) for v in items):
+            raise FieldError(key, f"must be comma-separated numbers such as 0.5,0.25, got {value[:40]!r}")
+        return [_finite_field(key, v.strip()) for v in items]
     return value
 
 
@@ -245,6 +250,9 @@ def validate_fields(meta: ProgramMeta, fields: dict[str, Any], require_text: boo
             raise FieldError(key, "must fit in a signed 64-bit integer")
     sampling_params(meta, clean, greedy=False, seed=0)  # the ranges of the values as sent (--greedy aside)
     _check_choice("voice", clean.get("voice"), meta.voices, f"model {meta.name} has no named voices")
+    unsupported = meta.extra.get("unsupported_languages", {}).get(str(clean.get("language")).lower())
+    if unsupported:  # listed by the reference but not served here: say why
+        raise FieldError("language", f"{clean['language']!r} is not supported: {unsupported}")
     _check_choice("language", clean.get("language"), meta.languages, f"model {meta.name} takes no language")
     if clean.get("instruct") and not meta.extra.get("takes_instruct", True):
         raise FieldError("instruct", f"model {meta.name} does not take instructions")

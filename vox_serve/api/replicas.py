@@ -48,6 +48,10 @@ STALE_AFTER_S = 1.0
 STUCK_STEP_S = 10.0
 HEARTBEAT_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
+# A request that finds every ready replica silent waits this long for one to speak before the 503:
+# the silence may be this process's own (its event loop or CPU starved, heartbeats unread), not theirs.
+STALE_GRACE_S = 1.0
+STALE_RECHECK_S = 0.02
 MAX_UNREAD_AUDIO_BYTES = 4 << 20  # audio a session may hold for a reader that has not come yet
 MAX_RESTART_DELAY_S = 30.0
 
@@ -380,7 +384,7 @@ class ReplicaManager:
         deadline = time.monotonic() + self.config.server.request_timeout_s
         tried: set[int] = set()
         while True:
-            replica = self._pick(tried)
+            replica = await self._pick_live(tried)
             tried.add(replica.index)
             req_id = uuid.uuid4().hex
             submit = ipc.Submit(req_id, fields, seed, input_streaming, audio, voice_prompt)
@@ -398,7 +402,7 @@ class ReplicaManager:
 
     async def encode_voice(self, name: str, audio: bytes, ref_text: str | None) -> bytes:
         """A saved voice's file, computed by a replica's encoders; raises ApiError when refused."""
-        replica, req_id = self._pick(set()), uuid.uuid4().hex
+        replica, req_id = await self._pick_live(set()), uuid.uuid4().hex
         frames = ipc.encode(ipc.EncodeVoice(req_id, name, int(time.time()), ref_text, audio))
         deadline = time.monotonic() + self.config.server.request_timeout_s
         handle = self._open_and_send(replica, req_id, frames, deadline)
@@ -431,6 +435,14 @@ class ReplicaManager:
         now = time.monotonic()
         return [r for r in self.replicas if r.state is ReplicaState.READY and not r.is_stale(now)
                 and r.index not in exclude]
+
+    async def _pick_live(self, exclude: set[int]) -> Replica:
+        """`_pick`, after waiting up to STALE_GRACE_S for a ready replica that is only silent to speak."""
+        give_up = time.monotonic() + STALE_GRACE_S
+        while not self._candidates(exclude) and time.monotonic() < give_up and any(
+                r.state is ReplicaState.READY and r.index not in exclude for r in self.replicas):
+            await asyncio.sleep(STALE_RECHECK_S)  # the read loop runs: queued heartbeats are counted
+        return self._pick(exclude)
 
     def _pick(self, exclude: set[int]) -> Replica:
         candidates = self._candidates(exclude)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from vox_serve.core.meta import ProgramMeta
-from vox_serve.request_builder import VISIBLE_PATTERN
+from vox_serve.request_builder import MODEL_FIELD_BOUNDS, NUMBER_LISTS, VISIBLE_PATTERN
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class FieldDoc:
     kind: str  # JSON type: string | number | integer | boolean
     description: str
     bounds: dict[str, float] = field(default_factory=dict)  # JSON-schema range keywords
+    schema: dict[str, Any] = field(default_factory=dict)  # other JSON-schema keywords (arrays)
 
 
 INT64_MAX = 2**63 - 1  # integers travel to the replicas as signed 64-bit (msgpack)
@@ -54,6 +55,22 @@ REQUEST_FIELDS: dict[str, FieldDoc] = {
     "seed": FieldDoc("integer", "Seed of this request's sampling; the same seed repeats the same audio.",
                      {"minimum": 0, "maximum": INT64_MAX}),
     "ignore_eos": FieldDoc("boolean", "Keep generating until max_tokens even after a stop token."),
+    # model fields (GET /info lists which a model accepts): Zonos
+    "cfg_scale": FieldDoc("number", "Classifier-free guidance scale (1: the conditional logits alone).",
+                          MODEL_FIELD_BOUNDS["cfg_scale"]),
+    "fmax": FieldDoc("number", "Highest frequency of the voice, Hz (Zonos conditioning).", MODEL_FIELD_BOUNDS["fmax"]),
+    "pitch_std": FieldDoc("number", "Pitch variation (standard deviation, Hz) to condition on.",
+                          MODEL_FIELD_BOUNDS["pitch_std"]),
+    "speaking_rate": FieldDoc("number", "Speaking rate, phonemes per second, to condition on.",
+                              MODEL_FIELD_BOUNDS["speaking_rate"]),
+    "linear": FieldDoc("number", "Unified sampler: linear term (> 0 turns it on).", MODEL_FIELD_BOUNDS["linear"]),
+    "conf": FieldDoc("number", "Unified sampler: entropy-scaled term.", MODEL_FIELD_BOUNDS["conf"]),
+    "quad": FieldDoc("number", "Unified sampler: quadratic term.", MODEL_FIELD_BOUNDS["quad"]),
+    "emotion": FieldDoc("array", "8 emotion weights (happiness, sadness, disgust, fear, surprise, anger, other, "
+                        "neutral), normalised to sum 1; in a form, comma-separated.",
+                        schema={"items": {"type": "number", "minimum": NUMBER_LISTS["emotion"][1],
+                                          "maximum": NUMBER_LISTS["emotion"][2]},
+                                "minItems": NUMBER_LISTS["emotion"][0], "maxItems": NUMBER_LISTS["emotion"][0]}),
 }
 ALIASES = {"speaker": "voice"}
 AUDIO_FIELD = "audio"
@@ -75,7 +92,7 @@ def _property(name: str, meta: ProgramMeta | None, media: str, whole_text: bool)
         return {"type": "string", "format": "binary", "contentMediaType": "audio/*", "minLength": 1,
                 "description": AUDIO_DOC}
     doc = REQUEST_FIELDS.get(name, FieldDoc("string", "A field of this model."))
-    prop: dict[str, Any] = {"type": doc.kind, "description": doc.description, **doc.bounds}
+    prop: dict[str, Any] = {"type": doc.kind, "description": doc.description, **doc.bounds, **doc.schema}
     if name == "text":
         prop["minLength"] = 1
         if whole_text:  # a session's first piece may be only spaces: its whole text is checked at its end

@@ -6,7 +6,8 @@ frames (`--first-chunk-frames`, for a sooner first audio) shifts the later ones:
 `lookback` frames before and `lookahead` frames after, so it is ready once
 `skip + (c + 1) * N + lookahead` frames exist. When generation has ended, a shorter final chunk
 emits what is left up to the last frame that still has its lookahead (as the published
-streaming decoders do; frames without lookahead are never emitted).
+streaming decoders do; frames without lookahead are never emitted) -- or, for a codec that pads at the
+sequence end (`meta.codec_pads_end`, DAC), up to the last frame, its window ending there.
 """
 
 from __future__ import annotations
@@ -40,11 +41,17 @@ class ChunkGeometry:
     skip: int
     codes_per_frame: int
     first_frames: int = 0  # frames of chunk 0 (0: frames_per_chunk)
+    pads_end: bool = False  # the final chunk emits every frame (meta.codec_pads_end)
 
     @classmethod
     def from_meta(cls, meta: ProgramMeta, frames_per_chunk: int, first_frames: int = 0) -> ChunkGeometry:
         return cls(frames_per_chunk, meta.codec_lookback_frames, meta.codec_lookahead_frames,
-                   meta.skip_leading_frames, meta.codes_per_frame, first_frames)
+                   meta.skip_leading_frames, meta.codes_per_frame, first_frames, meta.codec_pads_end)
+
+    @property
+    def final_lookahead(self) -> int:
+        """Frames after a final chunk's last emitted frame that must exist."""
+        return 0 if self.pads_end else self.lookahead
 
     @property
     def window(self) -> int:
@@ -65,10 +72,10 @@ class ChunkGeometry:
         if num_frames < end + self.lookahead:
             if not final:
                 return None
-            end = num_frames - self.lookahead
+            end = min(end, num_frames - self.final_lookahead)
             if end <= start:
                 return None
-        return ChunkWindow(index, start - self.lookback, start, end, end + self.lookahead)
+        return ChunkWindow(index, start - self.lookback, start, end, min(end + self.lookahead, num_frames))
 
     def frames_of(self, codes: list[int], window: ChunkWindow) -> list[list[int]]:
         """The window's frames from a flat code list ([frames][codes_per_frame]): the host-side statement of

@@ -32,6 +32,10 @@ class ProgramLayout:
     # emitted (a voice clone's reference frames): its codec slot is primed with them once, in the step
     # that admits it (the `codec_prime` stage), from `Prompt.conditioning[CODEC_PREFIX]`.
     codec_prefix_frames: int = 0
+    # Paired rows (classifier-free guidance): a request owns this many KV sequences of equal length (2:
+    # conditional and unconditional); every LM row attends each of them, and the program mixes their
+    # logits into one sample. 1 (the default) is one sequence per request.
+    kv_streams: int = 1
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,9 @@ class ProgramMeta:
     # input-streaming request starts once its text has ended.
     streamed_text_column: int | None = None
     stateful_codec: bool = False
+    # The codec pads at the sequence end as a one-shot decode does (DAC: window frames past the end are
+    # masked), so a final chunk emits every frame up to the last, not only those with lookahead.
+    codec_pads_end: bool = False
     layout: ProgramLayout = field(default_factory=ProgramLayout)
     # What a prompt builder outside Python needs: tokenizer file, special ids, templates per request
     # kind (the program's `prompt_builder_spec`); empty when prompts need the program's Python code.
@@ -119,6 +126,7 @@ class EngineLimits:
     repetition_window: int = 64
     num_slots: int = 0  # request slots: device state of admitted requests (0: twice max_batch)
     first_chunk_frames: int = 0  # frames of a request's first audio chunk (0: frames_per_chunk)
+    kv_streams: int = 1  # KV sequences per request: the program's `ProgramLayout.kv_streams`
 
     @property
     def first_frames(self) -> int:
@@ -136,8 +144,9 @@ class EngineLimits:
     @property
     def max_page_updates(self) -> int:
         """Page-table entries one step may write: a full prefill's pages, one per sequence boundary and
-        one per decode row."""
-        return -(-self.max_prefill_tokens // self.page_size) + self.max_prefill_seqs + self.max_batch
+        one per decode row, for each KV stream."""
+        per_stream = -(-self.max_prefill_tokens // self.page_size) + self.max_prefill_seqs + self.max_batch
+        return self.kv_streams * per_stream
 
     @property
     def max_admits(self) -> int:
@@ -146,4 +155,5 @@ class EngineLimits:
 
     @property
     def max_pages_per_seq(self) -> int:
+        """Pages of one KV sequence (one stream); a slot's page-table row holds kv_streams of them."""
         return -(-self.max_model_len // self.page_size)

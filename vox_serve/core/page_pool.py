@@ -29,16 +29,24 @@ class PagePool:
     Pages `0 .. num_reserved-1` are never handed out: page 0 is the null page that padded batch
     rows write their K/V into, so a real request's cache can never be clobbered by padding.
     Freed pages go on a LIFO free list, so allocation and freeing cost O(pages touched).
+
+    With `kv_streams` > 1 an owner holds that many KV sequences of equal length (paired rows for
+    classifier-free guidance): every block of `page_size` positions takes one page per stream, and an
+    owner's pages are listed block by block, stream by stream within a block. Counts of pages
+    (`num_free`, `pages_needed`, ...) are pages, not blocks.
     """
 
-    def __init__(self, num_pages: int, page_size: int, num_reserved: int = 1) -> None:
+    def __init__(self, num_pages: int, page_size: int, num_reserved: int = 1, kv_streams: int = 1) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if not 0 <= num_reserved <= num_pages:
             raise ValueError(f"need 0 <= num_reserved ({num_reserved}) <= num_pages ({num_pages})")
+        if kv_streams < 1:
+            raise ValueError(f"kv_streams must be >= 1, got {kv_streams}")
         self.num_pages = num_pages
         self.page_size = page_size
         self.num_reserved = num_reserved
+        self.kv_streams = kv_streams
         # Reversed so that pop() hands out the lowest page ids first (easier to read in logs).
         self._free: list[int] = list(range(num_pages - 1, num_reserved - 1, -1))
         self._owned: dict[Hashable, list[int]] = {}
@@ -66,14 +74,18 @@ class PagePool:
         return list(self._owned.get(owner, ()))
 
     def num_tokens_capacity(self, owner: Hashable) -> int:
-        return len(self._owned.get(owner, ())) * self.page_size
+        """Positions each of the owner's KV streams holds."""
+        return self.num_blocks(owner) * self.page_size
+
+    def num_blocks(self, owner: Hashable) -> int:
+        """Blocks of page_size positions the owner holds (a page per stream each)."""
+        return len(self._owned.get(owner, ())) // self.kv_streams
 
     def pages_needed(self, owner: Hashable, num_tokens: int) -> int:
-        """Extra pages `owner` needs so that it can hold `num_tokens` tokens in total."""
+        """Extra pages `owner` needs so that each of its streams can hold `num_tokens` tokens in total."""
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-        have = len(self._owned.get(owner, ()))
-        return max(0, _ceil_div(num_tokens, self.page_size) - have)
+        return self.kv_streams * max(0, _ceil_div(num_tokens, self.page_size) - self.num_blocks(owner))
 
     def can_reserve(self, owner: Hashable, num_tokens: int) -> bool:
         return self.pages_needed(owner, num_tokens) <= len(self._free)
@@ -81,7 +93,8 @@ class PagePool:
     # -- mutations -------------------------------------------------------------------------------
 
     def reserve(self, owner: Hashable, num_tokens: int) -> list[int]:
-        """Grow `owner`'s page list to hold `num_tokens` tokens; return only the newly added pages.
+        """Grow `owner`'s page list to hold `num_tokens` tokens per stream; return only the newly added
+        pages (block by block, a page per stream within a block).
 
         Never shrinks: asking for fewer tokens than the current capacity adds nothing. Registers
         the owner even when no page is needed, so `free` later finds it.
@@ -97,15 +110,17 @@ class PagePool:
         return new_pages
 
     def extend_each(self, owners: list[Hashable]) -> list[int]:
-        """One more page for each owner (existing owners; at most one entry each), in order; the pages
-        handed out are the ones successive `reserve` calls would give. OutOfPages if too few are free."""
-        n = len(owners)
+        """One more block for each owner (existing owners; at most one entry each), in order: kv_streams
+        pages per owner, owner by owner; the pages handed out are the ones successive `reserve` calls
+        would give. OutOfPages if too few are free."""
+        s = self.kv_streams
+        n = len(owners) * s
         if n > len(self._free):
-            raise OutOfPages(f"{n} owners need a page each, only {len(self._free)} free")
+            raise OutOfPages(f"{len(owners)} owners need {s} page(s) each, only {len(self._free)} free")
         pages = self._free[len(self._free) - n:][::-1]
         del self._free[len(self._free) - n:]
-        for owner, page in zip(owners, pages, strict=True):
-            self._owned[owner].append(page)
+        for i, owner in enumerate(owners):
+            self._owned[owner].extend(pages[i * s : (i + 1) * s])
         return pages
 
     def free(self, owner: Hashable) -> int:
@@ -136,6 +151,8 @@ class PagePool:
         assert len(free_set) + len(seen) == self.num_usable, (
             f"free ({len(free_set)}) + owned ({len(seen)}) != usable ({self.num_usable})"
         )
+        for owner, owned in self._owned.items():
+            assert len(owned) % self.kv_streams == 0, f"{owner!r} holds {len(owned)} pages, not whole blocks"
 
 
 class SlotPool:

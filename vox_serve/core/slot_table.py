@@ -123,5 +123,5 @@ class SlotTable:
         when only its shorter final chunk is left)."""
         frames = self.num_frames(slots)
         final = self.state[slots] == SlotState.DRAINING
-        only_final = final & (frames - self.geometry.lookahead > self.chunk_start[slots])
+        only_final = final & (frames - self.geometry.final_lookahead > self.chunk_start[slots])
         return (frames >= self.chunk_need[slots]) | only_final

@@ -70,6 +70,7 @@ def engine_limits(program: Program, config: VoxConfig, num_pages: int) -> Engine
         frames_per_chunk=frames_per_chunk, first_chunk_frames=sched.first_chunk_frames or 0, num_pages=num_pages,
         page_size=config.cache.page_size, max_model_len=program.meta.max_model_len,
         repetition_window=int(program.meta.default_sampling.get("repetition_window", 64)),
+        kv_streams=program.meta.layout.kv_streams,
     )
 
 
@@ -90,7 +91,7 @@ def size_kv_cache(program: Program, config: VoxConfig, activation_peak: int) -> 
     """Pages (the null page included) for what is left after weights, state, arenas and the activation
     peak: `--max-num-pages` when given, else at most max_batch sequences of max_model_len."""
     page_size = config.cache.page_size
-    per_seq = -(-program.meta.max_model_len // page_size)
+    per_seq = program.meta.layout.kv_streams * -(-program.meta.max_model_len // page_size)  # a request's pages
     if config.cache.max_num_pages is not None:
         return config.cache.max_num_pages + 1
     wanted = config.scheduler.max_batch_size * per_seq + 1
@@ -149,14 +150,14 @@ def startup_report(engine: Engine) -> str:
     """Where the memory went and how many tokens fit: printed once at start-up."""
     p, lim, m = engine.program, engine.limits, engine.memory
     mib = 2**20
-    graphs = engine.graphs
+    graphs, streams = engine.graphs, lim.kv_streams
     return (
         f"model {p.meta.name} on {p.device} ({str(p.dtype).removeprefix('torch.')}): weights "
         f"{m['weights_bytes'] / mib:.0f} MiB, request state {m['state_bytes'] / mib:.0f} MiB ({lim.slots} slots), "
         f"arenas {m['arena_bytes'] / mib:.1f} MiB,"
         f" activation peak {m['activation_peak_bytes'] / mib:.0f} MiB, KV cache {m['kv_bytes'] / mib:.0f} MiB "
-        f"({lim.num_pages - 1} pages of {lim.page_size} tokens = {(lim.num_pages - 1) * lim.page_size} concurrent "
-        f"tokens), attention {p.attention.name}, "
+        f"({lim.num_pages - 1} pages of {lim.page_size} tokens = {(lim.num_pages - 1) * lim.page_size // streams} "
+        f"concurrent tokens{f' of {streams} KV streams each' if streams > 1 else ''}), attention {p.attention.name}, "
         + (f"{len(graphs.graphs)} CUDA graphs {graphs.memory_bytes / mib:.0f} MiB" if graphs else "eager stages")
     )
 

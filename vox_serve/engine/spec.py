@@ -5,6 +5,13 @@ docs/engine-contract.md describes each part. In short: the step arenas' addresse
 graph-exec handle (or a callable handle where nothing is captured), the attention configuration
 with its planners' buffers and the handle that plans in this process, the codec window rules, the
 program's meta as data, and where the memory went.
+
+Paired rows (`meta.layout.kv_streams` = K > 1, also `limits.kv_streams` and `attention.kv_streams`):
+a slot's page-table row holds K page lists of `max_pages_per_seq` columns each, and every LM launch
+attends K sequences per row, stream by stream (attention row `j * R + i` = stream j of row i), so the
+CSR offsets the host writes (`decode_kv_indptr`, `prefill_qo_indptr`, ...) have K * R rows, planners
+plan K * R sequences, and FlashInfer's planner buffers are keyed by attention rows (decode) and
+attention tokens (prefill: K * bucket). docs/engine-contract.md states it in full.
 """
 
 from __future__ import annotations
@@ -68,7 +75,8 @@ def _attention(engine: Engine) -> dict[str, Any]:
         "num_pages": att.num_pages, "null_page": NULL_PAGE, "layout": "NHD",
         "dtype": str(att.dtype).removeprefix("torch."),
         "kv_cache_ptrs": [c.data_ptr() for c in att.kv_caches], "kv_cache_bytes": att.memory_bytes(),
-        "needs_kv_indices": att.needs_kv_indices,
+        "needs_kv_indices": att.needs_kv_indices, "kv_streams": engine.limits.kv_streams,
+        "pages_per_stream": engine.limits.max_pages_per_seq,
         "kv_indices_ptrs": {k: v.data_ptr() for k, v in engine.program.kv_indices.items() if v is not None},
         "planner": planner_handle(engine.engine_id), "planners": planners,
         "plan_inputs": {"decode": ["decode_kv_indptr", "decode_last_page_len"],

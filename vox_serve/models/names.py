@@ -16,6 +16,7 @@ NAMES: dict[str, str] = {
     "qwen3-tts": "qwen3-tts", "qwen3-tts-tiny": "qwen3-tts", "qwen3-tts-base": "qwen3-tts",
     "qwen3-tts-base-tiny": "qwen3-tts", "qwen3-tts-voice-design": "qwen3-tts",
     "qwen3-tts-0.6b": "qwen3-tts", "qwen3-tts-base-0.6b": "qwen3-tts",
+    "zonos": "zonos", "zonos-tiny": "zonos", "Zyphra/Zonos-v0.1-transformer": "zonos",
 }
 
 

@@ -45,9 +45,17 @@ def _build_qwen3_tts(a: BuildArgs) -> Program:
                           a.max_model_len or FAMILIES["qwen3-tts"].default_max_model_len, a.codec_path)
 
 
+def _build_zonos(a: BuildArgs) -> Program:
+    from vox_serve.models.zonos.loader import load_zonos
+
+    return load_zonos(a.name, a.load_format, a.device, a.dtype, a.seed,
+                      a.max_model_len or FAMILIES["zonos"].default_max_model_len, a.codec_path)
+
+
 FAMILIES: dict[str, ModelFamily] = {
     "orpheus": ModelFamily("orpheus", 4096, _build_orpheus),
     "qwen3-tts": ModelFamily("qwen3-tts", 4096, _build_qwen3_tts),
+    "zonos": ModelFamily("zonos", 4096, _build_zonos),
 }
 
 
@@ -59,6 +67,8 @@ def family_of(name: str) -> ModelFamily:
         return FAMILIES["orpheus"]
     if "qwen3-tts" in name.lower():
         return FAMILIES["qwen3-tts"]
+    if "zonos" in name.lower():
+        return FAMILIES["zonos"]
     local = resolve_local(name)
     if local is not None and (Path(local) / "config.json").exists():
         cfg = read_json(Path(local) / "config.json")
@@ -66,8 +76,10 @@ def family_of(name: str) -> ModelFamily:
             return FAMILIES["orpheus"]
         if cfg.get("model_type") == "qwen3_tts":
             return FAMILIES["qwen3-tts"]
+        if "backbone" in cfg and "prefix_conditioner" in cfg:  # Zonos v0.1 (no model_type in its config)
+            return FAMILIES["zonos"]
     raise CheckpointError(f"unknown model {name!r}; known: {', '.join(sorted(NAMES))}, or an Orpheus or "
-                          "Qwen3-TTS checkpoint dir")
+                          "Qwen3-TTS or Zonos checkpoint dir")
 
 
 def build_program(args: BuildArgs) -> Program:

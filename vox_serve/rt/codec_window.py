@@ -25,6 +25,10 @@ class CodecWindow:
     slot: Tensor  # [K] int64 table rows (the scratch row for padding): the codec state's slot
     latents: Tensor | None  # [K, window, frame_latent_dim] float32, when the program declares them
     pcm_out: Tensor  # [K, samples] int16 view of step_out
+    # [K] int64: one past the last frame the window may read (positions at or past it repeat the last
+    # frame): a codec that pads at the sequence ends (DAC) masks the window's frames outside
+    # [0, window_end) instead of reading the repeats
+    window_end: Tensor | None = None
 
 
 def frame_index(first_frame: Tensor, window_end: Tensor, window: int) -> Tensor:
@@ -37,11 +41,11 @@ def codec_window(state: SlotState, step_in: Arena, step_out: Arena, prefix: str,
                  window: int) -> CodecWindow:
     a = step_in.dev
     slot = state.slots(a[f"{prefix}_slot"][:batch])
-    first = a[f"{prefix}_first_frame"][:batch].long()
-    frames = frame_index(first, a[f"{prefix}_window_end"][:batch].long(), window)
+    first, end = a[f"{prefix}_first_frame"][:batch].long(), a[f"{prefix}_window_end"][:batch].long()
+    frames = frame_index(first, end, window)
     cpf = state.codes_per_frame
     index = frames[:, :, None] * cpf + torch.arange(cpf, device=slot.device)
     codes = state.codes[slot[:, None, None], index.clamp(max=state.max_codes - 1)].long()
     latents = state.latents[slot[:, None], frames] if state.latents is not None else None
     return CodecWindow(codes=codes, first_frame=first, seed=state["seed"][slot], slot=slot, latents=latents,
-                       pcm_out=step_out.dev[f"{prefix}_pcm"])
+                       pcm_out=step_out.dev[f"{prefix}_pcm"], window_end=end)

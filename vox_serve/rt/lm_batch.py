@@ -7,6 +7,14 @@ KV write slots and page rows from the page table, sampling parameters and the re
 the RNG offset (the index of the token being sampled), and the codes so far. `commit` writes the
 row's sampled token into the history, appends its codes, and stores its out kind for the host.
 Rows that do not sample (padding, a non-final prefill chunk) write only into the scratch slot.
+
+Paired rows (`ProgramLayout.kv_streams` = K > 1, classifier-free guidance): each row attends K KV
+sequences of the same length, one per stream. The launch's tokens are expanded stream by stream:
+with T the launch's real tokens (decode: its rows), attention token `j * T + t` is stream j's copy of
+token t (same ids and position; stream j's part of a prompt vector), tokens past K * T are padding,
+and attention sequence `j * R + i` is stream j of row i (R: the launch's rows), reading columns
+`j * max_pages_per_seq ..` of the slot's page-table row. `logits_index` then lists the K tokens each
+row samples from, stream by stream; the program mixes them into one sample per row.
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ class LmSample:
 
 @dataclass
 class LmBatch:
-    """Views of one LM launch of `num_tokens` tokens and `num_seqs` rows (bucket sizes)."""
+    """Views of one LM launch of `num_tokens` attention tokens and `num_seqs` rows (bucket sizes; with
+    kv_streams K > 1, `num_tokens` is K times the bucket's token rows: see the module docstring)."""
 
     state: SlotState
     num_tokens: int
@@ -50,14 +59,15 @@ class LmBatch:
     write_slot: Tensor  # [n] int64: slot for sampling rows, scratch otherwise
     gen_index: Tensor  # [n] int64: index of the token the row samples (its RNG offset)
     num_codes: Tensor  # [n] int64: audio codes before this row's
-    logits_index: Tensor  # [n] int64: the token whose hidden state the row samples from
+    logits_index: Tensor  # [K * n] int64: the token whose hidden state row i samples from, stream j at j * n + i
     sampling: SamplingTensors
     history: Tensor  # [n, repetition_window] int64: the row's recent first-column tokens (-1 empty)
     allow_stop: Tensor  # [n] bool
     kind_out: Tensor  # [n] int32 view of step_out
-    # prefill with declared prompt vectors: (token index [E], vectors [E, dim]) to add to those tokens'
-    # input embeddings; padded entries add zeros to token 0
+    # prefill with declared prompt vectors: (token index [K * E], vectors [K * E, dim]) to add to those
+    # tokens' input embeddings; padded entries add zeros to token 0
     prompt_vectors: tuple[Tensor, Tensor] | None = None
+    kv_streams: int = 1
 
     def commit(self, sample: LmSample) -> None:
         """Write the rows' samples into the slot tables and their kinds into the step's outputs."""
@@ -150,18 +160,63 @@ def prefill_batch(src: LaunchSource, num_tokens: int, num_seqs: int) -> LmBatch:
     if "prefill_vec_token" in a:
         token = a["prefill_vec_token"].long()
         valid = (token >= 0) & (token < num_tokens)
-        batch.prompt_vectors = (torch.where(valid, token, 0), torch.where(valid[:, None], a["prefill_vec"], 0.0))
+        token, vectors = torch.where(valid, token, 0), torch.where(valid[:, None], a["prefill_vec"], 0.0)
+        k = st.kv_streams
+        if k > 1:  # stream j's part of each vector goes to stream j's copy of its token
+            shift = qo_indptr[num_seqs].long() * torch.arange(k, device=token.device)[:, None]
+            token = torch.where(valid, token + shift, 0).reshape(-1)
+            vectors = vectors.view(len(valid), k, -1).transpose(0, 1).reshape(k * len(valid), -1)
+        batch.prompt_vectors = (token, vectors)
     return batch
+
+
+@dataclass
+class _Streams:
+    """The stream-by-stream expansion of a launch's tokens and rows (paired rows, K = kv_streams)."""
+
+    k: int
+    real_tokens: Tensor  # [] int64: T, the launch's real tokens (qo_indptr[n])
+    source: Tensor  # [K * num_tokens] int64: the launch token each attention token copies
+    stream: Tensor  # [K * num_tokens] int64
+
+    @classmethod
+    def of(cls, k: int, num_tokens: int, qo_indptr: Tensor, n: int) -> _Streams:
+        t = qo_indptr[n].long().clamp(min=1)
+        e = torch.arange(k * num_tokens, device=qo_indptr.device)
+        real = e < k * t
+        stream = torch.where(real, e // t, 0)
+        source = torch.where(real, e - stream * t, (e - (k - 1) * t).clamp(max=num_tokens - 1))
+        return cls(k, t, source, stream)
+
+    def rows(self, x: Tensor) -> Tensor:
+        """[n, ...] per-row values -> [K * n, ...], stream by stream."""
+        return x.repeat(self.k, *([1] * (x.dim() - 1)))
+
+    def offsets(self, index: Tensor) -> Tensor:
+        """[n] token indices of stream 0 -> [K * n]: stream j's copies at + j * T."""
+        shift = self.real_tokens * torch.arange(self.k, device=index.device)[:, None]
+        return (index[None].long() + shift).reshape(-1)
 
 
 def _batch(src: LaunchSource, stage: str, num_tokens: int, n: int, slot: Tensor, tok_slot: Tensor, pos: Tensor,
            host_ids: Tensor, kv_len: Tensor, qo_indptr: Tensor, sample: Tensor, gen_index: Tensor,
            logits_index: Tensor) -> LmBatch:
     st, a, h = src.state, src.step_in.dev, src.step_in.host
-    ps = src.page_size
-    page = st.page_table[tok_slot, (pos // ps).clamp(max=st.page_table.shape[1] - 1)].long()
+    ps, k = src.page_size, st.kv_streams
+    ids = _resolve_ids(st, host_ids, tok_slot, pos)
     page_rows = st.page_table[slot]
-    kv_indptr = a[f"{stage}_kv_indptr"][: n + 1]
+    if k == 1:
+        column = (pos // ps).clamp(max=st.pages_per_stream - 1)
+    else:
+        streams = _Streams.of(k, num_tokens, qo_indptr, n)
+        ids, pos, tok_slot = ids[streams.source], pos[streams.source], tok_slot[streams.source]
+        column = streams.stream * st.pages_per_stream + (pos // ps).clamp(max=st.pages_per_stream - 1)
+        page_rows = page_rows.view(n, k, st.pages_per_stream).transpose(0, 1).reshape(k * n, st.pages_per_stream)
+        kv_len, logits_index = streams.rows(kv_len), streams.offsets(logits_index)
+        qo_indptr = torch.cat([streams.offsets(qo_indptr[:n]), (k * streams.real_tokens).reshape(1)]).int()
+        num_tokens *= k
+    page = st.page_table[tok_slot, column].long()
+    kv_indptr = a[f"{stage}_kv_indptr"][: k * n + 1]
     if src.kv_indices is not None:
         _kv_indices(page_rows, kv_indptr, src.kv_indices)
     attention = AttentionBuffers(
@@ -176,8 +231,8 @@ def _batch(src: LaunchSource, stage: str, num_tokens: int, n: int, slot: Tensor,
         offset=gen_index,
     )
     return LmBatch(
-        state=st, num_tokens=num_tokens, num_seqs=n, ids=_resolve_ids(st, host_ids, tok_slot, pos), positions=pos,
+        state=st, num_tokens=num_tokens, num_seqs=n, ids=ids, positions=pos,
         attention=attention, slot=slot, write_slot=write_slot, gen_index=gen_index, num_codes=st.num_codes[slot],
         logits_index=logits_index, sampling=sampling, history=_history(st, slot, gen_index, src.repetition_window),
-        allow_stop=st["allow_stop"][slot], kind_out=src.step_out.dev[f"{stage}_kind"],
+        allow_stop=st["allow_stop"][slot], kind_out=src.step_out.dev[f"{stage}_kind"], kv_streams=k,
     )

@@ -53,12 +53,14 @@ class Program(ABC):
     # ---- set-up (once, before any capture) ------------------------------------------------
     def setup(self, limits: EngineLimits) -> None:
         """Allocate the slot state, the step arenas and the program's own state pools."""
+        if limits.kv_streams != self.meta.layout.kv_streams:
+            raise ValueError(f"limits.kv_streams {limits.kv_streams} != the program's {self.meta.layout.kv_streams}")
         self.limits = limits
         m, dev = self.meta, self.device
         self.state = SlotState(m, limits, dev)
         self.arenas = {"step_in": Arena("step_in", step_input_fields(m, limits), dev, num_host_buffers=2),
                        "step_out": Arena("step_out", step_output_fields(m, limits), dev, num_host_buffers=2)}
-        pages = limits.max_pages_per_seq
+        pages = limits.kv_streams * limits.max_pages_per_seq  # of a launch row: all its streams
         self.kv_indices = {
             stage: torch.zeros(rows * pages, dtype=torch.int32, device=dev) if self.attention.needs_kv_indices else None
             for stage, rows in (("decode", limits.max_batch), ("prefill", limits.max_prefill_seqs))

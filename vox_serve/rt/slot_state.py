@@ -4,8 +4,8 @@ Row `s` of every table belongs to the request in slot `s` (`core/slot_table.py` 
 mirror of the counters); the extra last row is the scratch slot, which padded rows and rows that do
 not sample read and write, so no request's state is ever touched by padding. Tables:
 
-- `page_table` [S + 1, max_pages_per_seq] int32: KV pages in sequence order (the scratch row stays
-  the null page);
+- `page_table` [S + 1, kv_streams * max_pages_per_seq] int32: KV pages in sequence order, stream j's
+  in columns j * max_pages_per_seq .. (the scratch row stays the null page);
 - sampling parameters per slot (temperature, top_k, top_p, min_p, repetition_penalty,
   repetition_window, seed, allow_stop) and `prompt_len`, set at admission;
 - `tokens` [S + 1, max_model_len, codes_per_step] int32: the history of sampled token rows, row g =
@@ -46,7 +46,10 @@ class SlotState:
         self.max_codes = limits.max_model_len * meta.codes_per_step
         self.max_frames = -(-self.max_codes // meta.codes_per_frame)
         self.tables: dict[str, Tensor] = {}
-        self.page_table = self._alloc("page_table", (rows, limits.max_pages_per_seq), torch.int32, device)
+        self.kv_streams = limits.kv_streams
+        self.pages_per_stream = limits.max_pages_per_seq
+        width = limits.kv_streams * limits.max_pages_per_seq
+        self.page_table = self._alloc("page_table", (rows, width), torch.int32, device)
         for name, dtype in SAMPLING_FIELDS.items():
             self._alloc(name, (rows,), dtype, device)
         self.tokens = self._alloc("tokens", (rows, self.max_generated, meta.codes_per_step), torch.int32, device)

@@ -36,9 +36,10 @@ def page_fields(limits: EngineLimits) -> list[FieldSpec]:
 
 def decode_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpec]:
     b = limits.max_batch
+    rows = limits.kv_streams * b  # attention rows: each decode row attends each of its KV streams
     return [FieldSpec("decode_slot", (b,), I32), FieldSpec("decode_pos", (b,), I32),
             FieldSpec("decode_ids", (b, meta.input_columns), I32),
-            FieldSpec("decode_kv_indptr", (b + 1,), I32), FieldSpec("decode_last_page_len", (b,), I32)]
+            FieldSpec("decode_kv_indptr", (rows + 1,), I32), FieldSpec("decode_last_page_len", (rows,), I32)]
 
 
 def codec_fields(prefix: str, limits: EngineLimits) -> list[FieldSpec]:
@@ -55,15 +56,16 @@ def max_prompt_vectors(meta: ProgramMeta, limits: EngineLimits) -> int:
 
 def prefill_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpec]:
     t, s = limits.max_prefill_tokens, limits.max_prefill_seqs
+    rows = limits.kv_streams * s  # attention sequences: each prefill sequence once per KV stream
     fields = [FieldSpec("prefill_slot", (s,), I32), FieldSpec("prefill_kv_len", (s,), I32),
-              FieldSpec("prefill_sample", (s,), torch.bool), FieldSpec("prefill_qo_indptr", (s + 1,), I32),
-              FieldSpec("prefill_kv_indptr", (s + 1,), I32), FieldSpec("prefill_last_page_len", (s,), I32),
+              FieldSpec("prefill_sample", (s,), torch.bool), FieldSpec("prefill_qo_indptr", (rows + 1,), I32),
+              FieldSpec("prefill_kv_indptr", (rows + 1,), I32), FieldSpec("prefill_last_page_len", (rows,), I32),
               FieldSpec("prefill_ids", (t, meta.input_columns), I32), FieldSpec("prefill_pos", (t,), I32),
               FieldSpec("prefill_tok_slot", (t,), I32)]
     e = max_prompt_vectors(meta, limits)
     if e:
-        fields += [FieldSpec("prefill_vec_token", (e,), I32),
-                   FieldSpec("prefill_vec", (e, meta.layout.prompt_vector_dim), F32)]
+        width = limits.kv_streams * meta.layout.prompt_vector_dim  # stream j's vector in columns j * dim ..
+        fields += [FieldSpec("prefill_vec_token", (e,), I32), FieldSpec("prefill_vec", (e, width), F32)]
     return fields
 
 

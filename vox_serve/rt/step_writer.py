@@ -131,9 +131,11 @@ class StepWriter:
         _put(h["decode_slot"], rows.slot, bucket, NO_SLOT)
         _put(h["decode_pos"], rows.start, bucket, 0)
         _put(h["decode_ids"], rows.input_ids, bucket, 0)
-        kv_len = _padded(rows.kv_len, bucket, 1)
+        # Attention rows stream by stream: row j * bucket + i is stream j of decode row i.
+        kv_len = np.tile(_padded(rows.kv_len, bucket, 1), self.limits.kv_streams)
         paged_kv_offsets(kv_len, self.limits.page_size, h["decode_kv_indptr"], h["decode_last_page_len"])
-        attention = AttentionPlan(bucket, np.ones(bucket, dtype=np.int64), kv_len, num_rows=bucket, decode=True)
+        attention = AttentionPlan(len(kv_len), np.ones(len(kv_len), dtype=np.int64), kv_len, num_rows=len(kv_len),
+                                  decode=True)
         return Launch(Stage.DECODE, bucket, attention=attention)
 
     def _prefill(self, h: HostViews, rows: LmLaunch) -> Launch:
@@ -146,10 +148,12 @@ class StepWriter:
         _put(h["prefill_slot"], rows.slot, seqs, NO_SLOT)
         _put(h["prefill_kv_len"], rows.kv_len, seqs, 1)
         _put(h["prefill_sample"], rows.sample, seqs, False)
-        qo = h["prefill_qo_indptr"]
+        qo, streams = h["prefill_qo_indptr"], lim.kv_streams
         qo[0] = 0
         np.cumsum(_padded(rows.num_tokens, seqs, 0), out=qo[1 : seqs + 1])
-        paged_kv_offsets(kv_len, lim.page_size, h["prefill_kv_indptr"], h["prefill_last_page_len"])
+        for j in range(1, streams):  # attention sequence j * seqs + i: stream j of sequence i, after stream j - 1
+            qo[j * seqs + 1 : (j + 1) * seqs + 1] = j * t + qo[1 : seqs + 1]
+        paged_kv_offsets(np.tile(kv_len, streams), lim.page_size, h["prefill_kv_indptr"], h["prefill_last_page_len"])
         offsets = np.repeat(rows.start - qo[:n], rows.num_tokens)
         _put(h["prefill_pos"], offsets + np.arange(t), bucket, 0)
         _put(h["prefill_tok_slot"], np.repeat(rows.slot, rows.num_tokens), bucket, NO_SLOT)
@@ -160,11 +164,16 @@ class StepWriter:
                 raise ValueError(f"{e} prompt vectors in one prefill; the arena holds {len(h['prefill_vec_token'])}")
             _put(h["prefill_vec_token"], rows.vector_token, len(h["prefill_vec_token"]), -1)
             if e:
+                width = h["prefill_vec"].shape[1]
+                if rows.vectors.shape[1] != width:
+                    raise ValueError(f"prompt vectors of {rows.vectors.shape[1]} values; the program takes {width} "
+                                     f"({lim.kv_streams} stream(s) of {width // lim.kv_streams})")
                 h["prefill_vec"][:e] = rows.vectors
         elif len(rows.vector_token):
             raise ValueError("rows carry prompt vectors, which this program does not declare")
-        attention = AttentionPlan(n, rows.num_tokens, rows.kv_len, num_rows=seqs,
-                                  graph_tokens=bucket if self.captured_prefill else None)
+        graph_tokens = streams * bucket if self.captured_prefill else None
+        attention = AttentionPlan(streams * n, np.tile(rows.num_tokens, streams), np.tile(rows.kv_len, streams),
+                                  num_rows=streams * seqs, graph_tokens=graph_tokens)
         return Launch(Stage.PREFILL, bucket, num_seqs=seqs, attention=attention)
 
 

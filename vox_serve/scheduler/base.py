@@ -7,7 +7,8 @@ device (page table, sampling parameters, token history, codes, codec state) and 
 in the slot table (`core/slot_table.py`), so the decode batch and the step's results are handled
 with array operations, and Python runs per request only on events (admission, a new KV page, a
 stop, a ready chunk).
-KV pages: admission reserves the prompt's pages; decoding extends a request page by page. When a
+KV pages: admission reserves the prompt's pages; decoding extends a request page by page (a page per
+KV stream, for programs with paired rows: `ProgramLayout.kv_streams`). When a
 decode finds no free page, the most recently admitted request is preempted: its pages are freed,
 it keeps its slot (its tokens and audio stay on the device), and it returns to the front of the
 queue to recompute its KV when pages free up. Requests in the step being planned, or in a step
@@ -70,7 +71,7 @@ class Scheduler:
     def __init__(self, meta: ProgramMeta, limits: EngineLimits, config: SchedulerConfig,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.meta, self.limits, self.config, self.clock = meta, limits, config, clock
-        self.pool = PagePool(limits.num_pages, limits.page_size)
+        self.pool = PagePool(limits.num_pages, limits.page_size, kv_streams=limits.kv_streams)
         self.geometry = ChunkGeometry.from_meta(meta, limits.frames_per_chunk, limits.first_chunk_frames)
         self.table = SlotTable(limits.slots, self.geometry)
         self.requests: dict[str, Request] = {}
@@ -102,6 +103,11 @@ class Scheduler:
         if req.prompt.ids.shape[1] > self.meta.input_columns:
             raise ValueError(f"prompt rows have {req.prompt.ids.shape[1]} ids; "
                              f"the model takes {self.meta.input_columns}")
+        layout = self.meta.layout
+        width = layout.kv_streams * layout.prompt_vector_dim
+        if any(v.size != width for v in req.prompt.vectors.values()):
+            raise ValueError(f"prompt vectors must have {width} values ({layout.kv_streams} stream(s) of "
+                             f"{layout.prompt_vector_dim})")
         if len(self.waiting) >= self.config.max_queued_requests:
             raise QueueFull(f"{len(self.waiting)} requests are already waiting")
         req.stats.arrival = self.clock()
@@ -243,14 +249,16 @@ class Scheduler:
         """
         t, g = self.table, self.geometry
         frames, nxt = t.num_frames(slots), t.next_chunk[slots]
-        base = g.skip + (g.first_frames or g.frames_per_chunk) + g.lookahead
+        draining = t.state[slots] == SlotState.DRAINING
+        ahead = np.where(draining, g.final_lookahead, g.lookahead)  # a codec that pads the end needs none at it
+        base = g.skip + (g.first_frames or g.frames_per_chunk) + ahead
         full = np.maximum((frames - base) // g.frames_per_chunk + 1 - nxt, 0)
         start, _ = g.emitted(nxt + full)
-        short = (t.state[slots] == SlotState.DRAINING) & (frames - g.lookahead > start)
+        short = draining & (frames - g.final_lookahead > start)
         count = full + short
         if self.meta.stateful_codec:
             count = np.minimum(count, 1)
-        no_more = (t.state[slots] == SlotState.DRAINING) & (count == full + short)
+        no_more = draining & (count == full + short)
         return count, no_more
 
     def _take_chunks(self, slots: np.ndarray, take: np.ndarray, all_taken: np.ndarray,
@@ -262,11 +270,13 @@ class Scheduler:
         index = np.repeat(nxt, take) + offsets
         start, full_end = g.emitted(index)
         frames = np.repeat(t.num_frames(slots), take)
-        end = np.where(frames >= full_end + g.lookahead, full_end, frames - g.lookahead)  # a short final chunk
+        # a full chunk with its lookahead, else a final one: short, or full without lookahead (codec_pads_end)
+        end = np.where(frames >= full_end + g.lookahead, full_end, np.minimum(full_end, frames - g.final_lookahead))
         last_row = offsets == np.repeat(take, take) - 1
         t.set_next_chunk(slots, nxt + take)
-        return {"chunk_index": index, "first_frame": start - g.lookback, "window_end": end + g.lookahead,
-                "num_frames": end - start, "is_last": last_row & np.repeat(all_taken & no_more, take)}
+        return {"chunk_index": index, "first_frame": start - g.lookback,
+                "window_end": np.minimum(end + g.lookahead, frames), "num_frames": end - start,
+                "is_last": last_row & np.repeat(all_taken & no_more, take)}
 
     @property
     def num_planned_chunks(self) -> int:
@@ -299,11 +309,12 @@ class Scheduler:
         return rows
 
     def _continuing_prefills(self) -> list[Request]:
-        """Running requests with more than one position to compute (a chunked prompt), admission order."""
+        """Running requests with more than one position to compute (a chunked prompt), or with prompt
+        positions left (the host's ids and prompt vectors go in prefill rows only), admission order."""
         t = self.table
         slots = self._running
         todo = t.prompt_len[slots] + t.num_generated[slots] + t.num_pending[slots] - t.num_computed[slots]
-        slots = slots[(todo > 1) & ~self._text_waiting(slots)]
+        slots = slots[((todo > 1) | (t.num_computed[slots] < t.prompt_len[slots])) & ~self._text_waiting(slots)]
         return list(t.requests[slots])
 
     def _admit(self, req: Request, budget: int, rows: PrefillRows) -> bool:
@@ -362,19 +373,29 @@ class Scheduler:
         """Grow req's KV pages to hold kv_len tokens, recording the page-table entries for the engine."""
         if not self.pool.can_reserve(req.req_id, kv_len):
             return False
-        have = self.pool.num_tokens_capacity(req.req_id) // self.pool.page_size
-        new = self.pool.reserve(req.req_id, kv_len)
+        have = self.pool.num_blocks(req.req_id)
+        new = np.asarray(self.pool.reserve(req.req_id, kv_len)).reshape(-1, self.limits.kv_streams)
         slot = req.slot
-        self._pages.append((np.full(len(new), slot), np.arange(have, have + len(new)), np.asarray(new)))
+        self._add_pages(np.full(len(new), slot), np.arange(have, have + len(new)), new)
         self.table.capacity[slot] = (have + len(new)) * self.pool.page_size
         return True
 
     def _one_page_each(self, slots: np.ndarray) -> None:
-        """The next page of each slot's request, all at once (there are enough free pages)."""
+        """The next page (a page per KV stream) of each slot's request, all at once (there are enough free pages)."""
         t, ps = self.table, self.pool.page_size
-        pages = self.pool.extend_each(t.req_ids[slots].tolist())
-        self._pages.append((slots, t.capacity[slots] // ps, np.asarray(pages)))
+        pages = np.asarray(self.pool.extend_each(t.req_ids[slots].tolist())).reshape(-1, self.limits.kv_streams)
+        self._add_pages(slots, t.capacity[slots] // ps, pages)
         t.capacity[slots] += ps
+
+    def _add_pages(self, slots: np.ndarray, blocks: np.ndarray, pages: np.ndarray) -> None:
+        """Page-table entries of the plan: block b of slot s (pages [n, kv_streams]); stream j's page of
+        block b goes to column j * max_pages_per_seq + b of the slot's row."""
+        streams = self.limits.kv_streams
+        if streams == 1:
+            self._pages.append((slots, blocks, pages[:, 0]))
+            return
+        columns = blocks[:, None] + self.limits.max_pages_per_seq * np.arange(streams)
+        self._pages.append((np.repeat(slots, streams), columns.reshape(-1), pages.reshape(-1)))
 
     # ---- decode --------------------------------------------------------------------------
     def decode_candidates(self) -> np.ndarray:
@@ -384,7 +405,7 @@ class Scheduler:
         slots = slots[t.state[slots] == SlotState.RUNNING]  # not preempted for a prefill of this plan
         generated = t.num_generated[slots] + t.num_pending[slots]
         todo = t.prompt_len[slots] + generated - t.num_computed[slots]
-        ok = ((todo == 1) & (generated < t.max_tokens[slots])
+        ok = ((todo == 1) & (t.num_computed[slots] >= t.prompt_len[slots]) & (generated < t.max_tokens[slots])
               & (t.prompt_len[slots] + generated < self.limits.max_model_len)
               & ~self._text_waiting(slots) & ~self._planned[slots])
         return slots[ok]
@@ -420,7 +441,7 @@ class Scheduler:
             block, rest = rest[:room], rest[room:]
             needs = np.flatnonzero(t.num_computed[block] + 1 > t.capacity[block])
             self._planned[block] = True  # protected from preemption, unless a page is found missing below
-            if len(needs) <= self.pool.num_free:  # no preemption: one allocation for them all
+            if len(needs) * self.limits.kv_streams <= self.pool.num_free:  # no preemption: one allocation for all
                 self._one_page_each(block[needs])
                 needs = needs[:0]
             for i in needs:

@@ -185,7 +185,7 @@ class DeadlineScheduler(Scheduler):
         if self._at_risk or self.num_generating + 1 > self.realtime_capacity():
             return False  # the batch is full and has no slack to lend: wait, as in base
         need = self.pool.pages_needed(req.req_id, req.prompt_len + 1)
-        return self.pool.num_free - need > len(self.running)
+        return self.pool.num_free - need > len(self.running) * self.limits.kv_streams  # a page each to grow
 
     # ---- decode --------------------------------------------------------------------------
     def decode_order(self, candidates: list[Request]) -> list[Request]:

@@ -50,7 +50,7 @@ class PrefillRows:
         for pos, vec in req.prompt.vectors.items():
             if start <= pos < start + n:
                 self.vector_tokens.append(self.num_tokens + pos - start)
-                self.vectors.append(vec)
+                self.vectors.append(vec.reshape(-1))  # paired rows: the streams' vectors side by side
         self.reqs.append(req)
         self.starts.append(start)
         self.counts.append(n)
@@ -60,7 +60,7 @@ class PrefillRows:
     def launch(self) -> LmLaunch:
         if not self.reqs:
             return LmLaunch.empty(self.meta.input_columns)
-        dim = self.meta.layout.prompt_vector_dim
+        dim = self.meta.layout.kv_streams * self.meta.layout.prompt_vector_dim
         vectors = np.stack(self.vectors) if self.vectors else np.zeros((0, dim), dtype=np.float32)
         return LmLaunch(req_ids=[r.req_id for r in self.reqs], slot=_i32([r.slot for r in self.reqs]),
                         start=_i32(self.starts), num_tokens=_i32(self.counts),

@@ -44,12 +44,13 @@ class EngineOptions:
 
     def limits(self, meta: ProgramMeta) -> EngineLimits:
         max_len = self.max_model_len or meta.max_model_len
-        pages = self.num_pages or self.max_batch * -(-max_len // self.page_size)
+        streams = meta.layout.kv_streams  # paired rows: a page per stream
+        pages = self.num_pages or self.max_batch * streams * -(-max_len // self.page_size)
         return EngineLimits(
             max_batch=self.max_batch, max_prefill_tokens=self.max_prefill_tokens,
             max_prefill_seqs=min(self.max_prefill_seqs, self.max_batch), max_codec_batch=self.max_codec_batch,
             frames_per_chunk=self.frames_per_chunk or meta.frames_per_chunk, num_pages=pages + 1,
-            page_size=self.page_size, max_model_len=max_len,
+            page_size=self.page_size, max_model_len=max_len, kv_streams=streams,
         )
 
 
