@@ -66,13 +66,13 @@ def run_reference(*args: str | Path, timeout: int = 900, script: Path = REF_SCRI
         raise AssertionError(f"reference {args[0]} failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
-def write_tiny_checkpoint(path: Path, config: dict | None = None, seed: int = 0) -> Path:
+def write_tiny_checkpoint(path: Path, config: dict | None = None, seed: int = 0, audible_codec: bool = False) -> Path:
     """A tiny config (default QWEN3_TTS_TINY_CONFIG) written by the reference (save_pretrained), with our
-    tiny tokenizer's files."""
+    tiny tokenizer's files; `audible_codec`: random codec decoder weights (else it decodes to silence)."""
     path.mkdir(parents=True, exist_ok=True)
     save_tokenizer_files(tiny_qwen2_tokenizer(), path)
     spec = {**(config or QWEN3_TTS_TINY_CONFIG), "_seed": seed,
-            "_speech_tokenizer_decoder": TINY_CODEC_CONFIG["decoder_config"]}
+            "_speech_tokenizer_decoder": TINY_CODEC_CONFIG["decoder_config"], "_audible_codec": audible_codec}
     (path.parent / f"{path.name}-build.json").write_text(json.dumps(spec))
     run_reference("build", path.parent / f"{path.name}-build.json", path)
     return path
@@ -199,7 +199,7 @@ def clone_reference(root: Path, cases: list[dict]) -> tuple[Path, dict[str, byte
     from safetensors.torch import load_file
 
     require_reference("librosa")
-    ckpt = write_tiny_checkpoint(root / "base", QWEN3_TTS_TINY_BASE_CONFIG, seed=5)
+    ckpt = write_tiny_checkpoint(root / "base", QWEN3_TTS_TINY_BASE_CONFIG, seed=5, audible_codec=True)
     wavs = reference_wavs()
     for name, data in wavs.items():
         (root / f"{name}.wav").write_bytes(data)

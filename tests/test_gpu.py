@@ -79,10 +79,15 @@ def test_graph_replay_equals_eager(backend: str, dtype: str, model: str) -> None
 
 
 @pytest.mark.parametrize("model,fields", [("qwen3-tts-tiny", {}),
-                                          ("qwen3-tts-base-tiny", {"x_vector_only_mode": True})])
+                                          ("qwen3-tts-tiny", {"non_streaming_mode": False}),
+                                          ("qwen3-tts-base-tiny", {"x_vector_only_mode": True}),
+                                          ("qwen3-tts-base-tiny", {"ref_text": "A reference sentence."}),
+                                          ("qwen3-tts-base-tiny", {"ref_text": "A reference sentence.",
+                                                                   "non_streaming_mode": True})])
 def test_qwen3_graph_replay_equals_eager(model: str, fields: dict) -> None:
     """The talker, the code predictor's 15 sub-steps and the codec's slot pools inside the graphs, with a
-    smaller first chunk (its own graphs); Base adds the speaker embedding as a prompt vector."""
+    smaller first chunk (its own graphs); Base adds the speaker embedding as a prompt vector, and in context
+    the `codec_prime` stage (the reference frames primed into the codec slots at admission)."""
     if model.startswith("qwen3-tts-base"):
         fields = {**fields, "audio": reference_wavs()["sine"]}
     kw = {"first_chunk_frames": 2, "detokenize_interval": 4}
@@ -167,3 +172,23 @@ def test_full_size_dummy_loads_and_serves(model: str, fields: dict, weights_rang
     weights_mib = float(re.search(r"weights (\d+) MiB", proc.stderr).group(1))
     assert weights_range[0] < weights_mib < weights_range[1]
     assert proc.stdout.count(" length") == 2
+
+
+def test_qwen3_codec_priming_on_cuda_equals_decoding_the_prefix_first() -> None:
+    """`CodecSlots.prime_slots` on the GPU (the masked attention of its left padding included) vs one decode of
+    prefix + rest on the CPU, in float32, the 72-frame window of the released codec."""
+    from tests.test_qwen3_codec import TINY
+    from vox_serve.codecs.qwen3.decoder import Qwen3CodecDecoder, Qwen3CodecSlots
+
+    cpu = Qwen3CodecDecoder.random(dataclasses.replace(TINY, sliding_window=72), seed=0)
+    gpu = Qwen3CodecDecoder.random(dataclasses.replace(TINY, sliding_window=72), seed=0).to("cuda")
+    g = torch.Generator().manual_seed(3)
+    prefix, rest = torch.randint(0, 2048, (3, 90, 16), generator=g), torch.randint(0, 2048, (3, 12, 16), generator=g)
+    lengths = torch.tensor([5, 0, 90])
+    pool = Qwen3CodecSlots(gpu, num_slots=4)
+    slots = torch.tensor([2, 0, 3], device="cuda")
+    pool.prime_slots(slots, prefix.cuda(), lengths.cuda())
+    got = torch.cat([pool.decode_chunk(rest[:, :4].cuda(), slots), pool.decode_chunk(rest[:, 4:].cuda(), slots)], -1)
+    for b, n in enumerate(lengths.tolist()):
+        want = cpu.decode(torch.cat([prefix[b:b + 1, :n], rest[b:b + 1]], 1))[0, n * 1920:]
+        assert (got[b].cpu() - want).abs().max().item() < 1e-4, n

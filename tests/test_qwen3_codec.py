@@ -320,3 +320,27 @@ def test_random_is_deterministic() -> None:
     assert a.decode(codes[:, :0]).shape == (1, 0)
     with pytest.raises(ValueError, match="expected 16 code groups per frame, got 8"):
         a.decode(codes[..., :8])
+
+
+@pytest.mark.parametrize("window", [6, 72])
+def test_priming_equals_decoding_the_prefix_first(window: int) -> None:
+    """A slot primed with a prefix (right-aligned in the window, any length, 0 included) then streamed decodes the
+    rest as one decode of prefix + rest does, past the prefix's audio; the neighbours' slots stay untouched."""
+    import dataclasses
+
+    dec = Qwen3CodecDecoder.random(dataclasses.replace(TINY, sliding_window=window), seed=0)
+    prefix, rest = random_codes(4, 30, seed=8), random_codes(4, 9, seed=9)
+    lengths = torch.tensor([0, 3, 17, 30])
+    pool = Qwen3CodecSlots(dec, num_slots=6)
+    other = random_codes(1, 5, seed=10)
+    pool.decode_chunk(other, torch.tensor([5]))
+    slots = torch.tensor([4, 1, 2, 0])
+    pool.reset_slots(slots)
+    pool.prime_slots(slots, prefix, lengths)
+    assert pool.pos[slots].tolist() == lengths.tolist()
+    got = stream(pool, rest, slots, [2, 7])
+    for b, n in enumerate(lengths.tolist()):
+        want = dec.decode(torch.cat([prefix[b:b + 1, :n], rest[b:b + 1]], 1))[:, n * 1920:]
+        assert errors(got[b:b + 1], want)[0] < STREAM_ATOL, n
+    assert errors(pool.decode_chunk(rest[:1, :3], torch.tensor([5])), dec.decode(torch.cat([other, rest[:1, :3]], 1))
+                  [:, 5 * 1920:])[0] < STREAM_ATOL

@@ -163,9 +163,10 @@ def test_http_an_hour_long_clip_is_refused_before_anything_decodes_it(server: Se
     assert after["finished"] + after["failed"] == dispatched  # the replica never saw it
 
 
-def stream_session(server: Server, pieces: list[str]) -> bytes:
-    """An x-vector-only clone streamed over HTTP: the clip uploaded with the session's start (multipart)."""
-    form = {"text": pieces[0], "language": "english", "max_tokens": "6", "ignore_eos": "true"}
+def stream_session(server: Server, pieces: list[str], **fields: str) -> bytes:
+    """A clone streamed over HTTP (x-vector only unless `fields` give `ref_text`): the clip uploaded with the
+    session's start (multipart)."""
+    form = {"text": pieces[0], "language": "english", "max_tokens": "6", "ignore_eos": "true", **fields}
     response = server.client.post("/generate/stream/start", data=form, files={"audio": ("ref.wav", clip())})
     assert response.status_code == 200, response.text
     session = response.json()["id"]
@@ -185,9 +186,20 @@ def test_http_input_streaming_clones_from_the_speaker_embedding(server: Server) 
     wait_until(server.pools_full, 10.0)
 
 
-def test_http_in_context_input_streaming_is_a_422_naming_ref_text(server: Server) -> None:
-    body = {"text": "Hello.", "audio": base64.b64encode(clip()).decode(), "ref_text": "A clip."}
+def test_http_in_context_input_streaming_equals_the_whole_text(server: Server) -> None:
+    """With `ref_text` a session clones in context: its audio is that of POST /generate with the whole text
+    (the streaming layout, the default); `non_streaming_mode=true` cannot stream its text (422)."""
+    text = "Hello there, in the voice of the clip."
+    pcm = stream_session(server, ["Hello th", "ere, in the voi", "ce of the clip."], ref_text="A clip.")
+    form = {"text": text, "language": "english", "max_tokens": "6", "ignore_eos": "true", "ref_text": "A clip.",
+            "streaming": "false"}
+    response = server.client.post("/generate", data=form, files={"audio": ("ref.wav", clip())})
+    assert response.status_code == 200, response.text
+    assert parse_wav(response.content).pcm == pcm and len(pcm) == 6 * 1920 * 2
+    assert pcm != stream_session(server, [text])  # x-vector only
+    body = {"text": "Hello.", "audio": base64.b64encode(clip()).decode(), "ref_text": "A clip.",
+            "non_streaming_mode": True}
     response = server.client.post("/generate/stream/start", json=body)
     assert response.status_code == 422, response.text
-    error = response.json()["error"]
-    assert error["field"] == "ref_text" and "x_vector_only_mode" in error["message"]
+    assert response.json()["error"]["field"] == "non_streaming_mode"
+    wait_until(server.pools_full, 10.0)

@@ -3,7 +3,8 @@
 The checkpoint (QWEN3_TTS_TINY_BASE_CONFIG: a tiny ECAPA speaker encoder, and the tiny 12 Hz codec whose
 Mimi encoder the reference's builder perturbs) is written by the reference's `save_pretrained`. The
 reference clones each voice through its public `create_voice_clone_prompt` + `generate_voice_clone`
-(greedy, non_streaming_mode=True: the layout our prompt builder follows), one request at a time; we run
+(greedy, non_streaming_mode=True, which our requests ask for here; the default layout and audio:
+test_qwen3_tts_clone_layouts.py), one request at a time; we run
 the same requests batched through the real scheduler and worker, with the reference audio uploaded as
 WAV bytes at 24 kHz (so resampling plays no part here; it has its own tests).
 Checked: the speaker embedding (to float32 rounding), the codec encoder's codes (identical), the talker's
@@ -44,7 +45,7 @@ def clone_setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
 
 def fields(i: int, wavs: dict[str, bytes]) -> dict:
     f, clip, _ = CASES[i]
-    return {**f, "audio": wavs[clip], "max_tokens": FRAMES}
+    return {**f, "audio": wavs[clip], "max_tokens": FRAMES, "non_streaming_mode": True}
 
 
 def test_speaker_embedding_matches_reference(clone_setup) -> None:

@@ -168,3 +168,17 @@ def test_preempted_streaming_requests_recompute_their_text_and_give_the_same_cod
     assert preempted, "the small KV pool should have forced a preemption"
     for i in (0, 1):
         check_codes(driver, f"s{i}", reference[i])
+
+
+def test_whole_text_in_the_streaming_layout_gives_the_reference_codes(checkpoints, reference) -> None:
+    """POST /generate's `non_streaming_mode=false` (CustomVoice / VoiceDesign default to true): the text trails
+    one token per frame from the start, the same codes as the reference's streaming text mode."""
+    from qwen3_tts_helpers import run_requests
+
+    for (kind, eos_scale), (program, config) in programs(checkpoints).items():
+        index = [i for i, c in enumerate(CASES) if (c["kind"], c.get("eos_scale", 1.0)) == (kind, eos_scale)]
+        fields = [{**case_fields(CASES[i], FRAMES), "non_streaming_mode": False} for i in index]
+        reqs, _ = run_requests(program, config, fields)
+        for req, i in zip(reqs, index, strict=True):
+            assert req.tokens == reference[i]["codes"].tolist(), CASES[i]
+            assert req.prompt_len == reference[i]["embeds"].shape[0]

@@ -96,6 +96,17 @@ def test_input_streaming_session_with_a_saved_voice(server: Server) -> None:
     assert streamed == parse_wav(server.client.get(f"/generate/stream/{upload}/audio").content).pcm
 
 
+def test_input_streaming_session_with_a_voice_saved_with_its_transcript(server: Server) -> None:
+    """In context ("bob", saved above): the session's audio is that of the whole text on POST /generate."""
+    start = server.client.post("/generate/stream/start", json={"text": "Hello th", "voice": "bob", **TOKENS})
+    assert start.status_code == 200, start.text
+    session = start.json()["id"]
+    assert server.client.post(f"/generate/stream/{session}/text", json={"text": "ere."}).status_code == 200
+    assert server.client.post(f"/generate/stream/{session}/end").status_code == 200
+    streamed = parse_wav(server.client.get(f"/generate/stream/{session}/audio").content).pcm
+    assert streamed == saved_clone(server, "bob") and streamed == uploaded_clone(server, ref_text="A clip.")
+
+
 def test_openapi_offers_saving_and_deleting_voices_with_a_data_dir(server: Server) -> None:
     paths = server.client.get("/openapi.json").json()["paths"]
     post = paths["/v1/audio/voices"]["post"]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vox_serve.core.meta import ProgramMeta
-from vox_serve.core.request import Prompt, Request, SamplingParams
+from vox_serve.core.request import Prompt, Request, SamplingParams, TextFeed
 
 _NUMERIC = {
     "temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
@@ -27,7 +27,7 @@ MODEL_FIELD_BOUNDS: dict[str, dict[str, float]] = {
 NUMBER_LISTS: dict[str, tuple[int, float, float]] = {"emotion": (8, 0.0, 1.0)}
 _BOUND_CHECKS = {"minimum": lambda v, e: v >= e, "maximum": lambda v, e: v <= e,
                  "exclusiveMinimum": lambda v, e: v > e, "exclusiveMaximum": lambda v, e: v < e}
-_BOOL = ("ignore_eos", "streaming", "x_vector_only_mode")
+_BOOL = ("ignore_eos", "streaming", "x_vector_only_mode", "non_streaming_mode")
 AUDIO = "audio"  # reference audio: the uploaded file's bytes
 # alias -> field, for a model that takes the field and has no field of the alias's name (CSM's `speaker` is
 # its own: an integer id)
@@ -225,8 +225,11 @@ def make_prompt(preprocess: Preprocess, clean: dict[str, Any]) -> Prompt:
 
 
 def new_request(req_id: str, prompt: Prompt, clean: dict[str, Any], sampling: SamplingParams) -> Request:
+    """A request for its prompt; one with trailing text ids is fed them, one per generated row, as an input-
+    streaming request whose text has ended."""
+    feed = TextFeed(list(prompt.trailing_text), ended=True) if prompt.trailing_text else None
     return Request(req_id=req_id, prompt=prompt, sampling=sampling, streaming=clean.get("streaming", True),
-                   extra={"fields": clean})
+                   extra={"fields": clean}, text_feed=feed)
 
 
 def build_request(meta: ProgramMeta, preprocess: Preprocess, fields: dict[str, Any], req_id: str,

@@ -140,13 +140,17 @@ class SchedulerService:
                                f"the replica is at capacity: {len(self.sessions)} sessions are open "
                                f"(--max-sessions {self.max_sessions})")
             return
+        needed = 1
         if self.streamer is not None:
+            fields = {**msg.fields, "audio": msg.audio, SAVED_VOICE_FIELD: voice}
             try:
-                self.streamer.check_streaming_fields({**msg.fields, "audio": msg.audio, SAVED_VOICE_FIELD: voice})
+                self.streamer.check_streaming_fields(fields)
+                needed = self.streamer.num_prompt_text_ids_for(fields)
             except FieldError as exc:
                 self._reply_failed(msg.req_id, ipc.ErrorCode.INVALID_FIELD, str(exc), exc.field)
                 return
-        self.sessions[msg.req_id] = InputSession(dict(msg.fields), msg.default_seed, msg.audio, voice=voice)
+        self.sessions[msg.req_id] = InputSession(dict(msg.fields), msg.default_seed, msg.audio, voice=voice,
+                                                 prompt_text_ids=needed)
         self.send(ipc.Started(msg.req_id, 0))
 
     def _on_append(self, msg: ipc.AppendText) -> None:
@@ -191,10 +195,8 @@ class SchedulerService:
                 self.scheduler.append_text(req_id, new, ended)
             return
         ids = session.text_ids = session.text_ids + new
-        n = self.streamer.num_prompt_text_ids
-        if len(ids) < n:
-            if ended:
-                self._reply_failed(req_id, ipc.ErrorCode.INVALID_FIELD, "text: too short for this model", "text")
+        n = session.prompt_text_ids
+        if len(ids) < n and not ended:
             return
         fields = {**session.fields, "text": session.text}
         if not self._admit(req_id, fields, session.default_seed, session.audio,
@@ -296,7 +298,10 @@ class SchedulerService:
                 self._reply_failed(req_id, ipc.ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
             return
         req = new_request(req_id, future.result(), entry.fields, entry.sampling)
-        req.sink, req.text_feed = self._on_audio, entry.text_feed
+        req.sink = self._on_audio
+        if entry.text_feed is not None:  # the prompt's trailing text ids come before the streamed ones
+            entry.text_feed.ids[:0] = req.prompt.trailing_text
+            req.text_feed = entry.text_feed
         req.extra["num_chunks_sent"] = req.extra["num_samples_sent"] = 0
         try:
             self.scheduler.add_request(req)

@@ -10,7 +10,8 @@ True).
 A case names its checkpoint ("ckpt", a Base checkpoint written by talker_ref.py build), the text, the
 language, the reference audio ("ref_audio", a WAV file read as the reference's own loader does), its
 transcript ("ref_text") and "x_vector_only_mode". Per case it records the talker's prompt embeddings, the
-generated codes [frames, groups], the reference codes (in-context cases) and the speaker embedding.
+generated codes [frames, groups], the returned audio (decoded by the speech tokenizer, the reference clip's
+part cut off), the reference codes (in-context cases) and the speaker embedding.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def load(ckpt: str, cache: dict):
     if ckpt not in cache:
         tts = Qwen3TTSModel.from_pretrained(ckpt, local_files_only=True, dtype=torch.float32)
         tts.model.eval()
-        cache[ckpt] = tts, Recorder(tts.model)
+        cache[ckpt] = tts, Recorder(tts.model, decode_audio=True)
     return cache[ckpt]
 
 
@@ -54,7 +55,7 @@ def clone(cases_path: str, out_dir: str) -> None:
         items = tts.create_voice_clone_prompt(ref_audio=audio, ref_text=case.get("ref_text"),
                                               x_vector_only_mode=case["x_vector_only_mode"])
         with torch.no_grad():
-            tts.generate_voice_clone(
+            wavs, _ = tts.generate_voice_clone(
                 text=case["text"], language=case.get("language"), voice_clone_prompt=items,
                 non_streaming_mode=case.get("non_streaming_mode", True),
                 do_sample=False, subtalker_dosample=False, max_new_tokens=case["max_new_tokens"],
@@ -63,6 +64,7 @@ def clone(cases_path: str, out_dir: str) -> None:
         ref_len = 0 if items[0].ref_code is None else len(items[0].ref_code)  # decoded ahead of the new frames
         tensors[f"{i}.embeds"] = call["embeds"][0].contiguous()
         tensors[f"{i}.codes"] = call["codes"][0][ref_len:].contiguous()
+        tensors[f"{i}.audio"] = torch.from_numpy(wavs[0]).float().contiguous()  # the clip's part cut off
         tensors[f"{i}.speaker"] = items[0].ref_spk_embedding.float().contiguous()
         if items[0].ref_code is not None:
             tensors[f"{i}.ref_codes"] = items[0].ref_code.contiguous()

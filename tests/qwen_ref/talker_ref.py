@@ -115,7 +115,9 @@ def perturb_codec_encoder(encoder: torch.nn.Module, seed: int) -> None:
                 b.copy_(0.5 + 1.5 * torch.rand(b.shape, generator=g))
 
 
-def tiny_speech_tokenizer(decoder: dict, path: str) -> None:
+def tiny_speech_tokenizer(decoder: dict, path: str, audible: bool = False) -> None:
+    """`audible`: random decoder weights scaled to audio of std 0.25 (codec_ref.py's), else the class's
+    initialisation, whose zero codebooks decode every code to silence."""
     from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
     from transformers import EncodecFeatureExtractor
 
@@ -129,6 +131,13 @@ def tiny_speech_tokenizer(decoder: dict, path: str) -> None:
     model = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(
         encoder_config=encoder, decoder_config=decoder, encoder_valid_num_quantizers=decoder["num_quantizers"]))
     perturb_codec_encoder(model.encoder, 11)
+    if audible:
+        from codec_ref import perturb as perturb_decoder
+        from codec_ref import scale_output
+
+        perturb_decoder(model.decoder)
+        g = torch.Generator().manual_seed(3)
+        scale_output(model, torch.randint(0, decoder["codebook_size"], (1, 40, decoder["num_quantizers"]), generator=g))
     model.save_pretrained(path)
     EncodecFeatureExtractor(feature_size=1, sampling_rate=24000).save_pretrained(path)
 
@@ -140,6 +149,7 @@ def build(config_path: str, out_dir: str) -> None:
         config_dict = json.load(f)
     seed = config_dict.pop("_seed", 0)
     codec_decoder = config_dict.pop("_speech_tokenizer_decoder")
+    audible = config_dict.pop("_audible_codec", False)
     torch.manual_seed(seed)
     model = Qwen3TTSForConditionalGeneration(Qwen3TTSConfig(**config_dict)).eval()
     perturb(model, seed + 1)
@@ -158,14 +168,15 @@ def build(config_path: str, out_dir: str) -> None:
         json.dump({"do_sample": True, "top_k": 50, "top_p": 1.0, "temperature": 0.9, "repetition_penalty": 1.05,
                    "subtalker_dosample": True, "subtalker_top_k": 50, "subtalker_top_p": 1.0,
                    "subtalker_temperature": 0.9, "max_new_tokens": 8192}, f, indent=1)
-    tiny_speech_tokenizer(codec_decoder, os.path.join(out_dir, "speech_tokenizer"))
+    tiny_speech_tokenizer(codec_decoder, os.path.join(out_dir, "speech_tokenizer"), audible)
     print(json.dumps({"built": out_dir}))
 
 
 class Recorder:
     """Captures what the wrapper hands to the model: tokenized ids, talker prompt embeddings, codes."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, decode_audio: bool = False) -> None:
+        """`decode_audio`: run the speech tokenizer's decoder (else the audio is a stub and only codes count)."""
         self.model = model
         self.calls: list[dict] = []
         inner_generate = model.generate
@@ -182,8 +193,12 @@ class Recorder:
             self.calls[-1]["embeds"] = kwargs["inputs_embeds"].detach().clone()
             return talker_generate(**kwargs)
 
+        real_decode = model.speech_tokenizer.decode
+
         def decode(items):
             self.calls[-1]["codes"] = [item["audio_codes"].detach().clone() for item in items]
+            if decode_audio:
+                return real_decode(items)
             return [torch.zeros(1).numpy() for _ in items], 24000
 
         model.generate = generate

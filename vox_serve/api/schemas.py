@@ -39,6 +39,10 @@ REQUEST_FIELDS: dict[str, FieldDoc] = {
                          "reference (in-context cloning); without it only the speaker embedding is used."),
     "x_vector_only_mode": FieldDoc("boolean", "Voice cloning from the reference audio's speaker embedding only, "
                                    "ignoring `ref_text` (default: true when `ref_text` is absent)."),
+    "non_streaming_mode": FieldDoc("boolean", "Qwen3-TTS prompt layout, as the reference's: true puts the "
+                                   "whole text before the first frame, false feeds it one token per frame "
+                                   "(default: false for Base voice cloning, true otherwise; input streaming "
+                                   "is always false)."),
     "temperature": FieldDoc("number", "Sampling temperature; 0 is greedy.", {"minimum": 0, "maximum": 10}),
     "top_p": FieldDoc("number", "Nucleus sampling mass.", {"exclusiveMinimum": 0, "maximum": 1}),
     "top_k": FieldDoc("integer", "Sample among the k most likely tokens; 0 disables.",
@@ -104,6 +108,8 @@ def _property(name: str, meta: ProgramMeta | None, media: str, whole_text: bool)
         prop["default"] = True
         if not whole_text:  # an input-streaming session always streams
             prop["enum"] = [True]
+    elif name == "non_streaming_mode" and not whole_text:  # ... and feeds its text as it arrives
+        prop["enum"] = [False]
     elif meta is not None and name in meta.default_sampling:
         prop["default"] = meta.default_sampling[name]
     return prop

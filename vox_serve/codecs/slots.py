@@ -40,14 +40,27 @@ class CodecSlots:
     def decode_chunk(self, codes: Tensor, slots: Tensor) -> Tensor:
         """codes [B, N, Q] (the next N frames of each request), slots [B] int64 (distinct) -> pcm
         [B, N * samples per frame]."""
-        b = codes.shape[0]
-        flat = self.state.index_select(0, slots)
-        states = [part.unflatten(1, s) for part, s in zip(flat.split(self.sizes, dim=1), self.shapes, strict=True)]
-        pos = self.pos.index_select(0, slots)
+        states, pos = self._states(slots), self.pos.index_select(0, slots)
         pcm = self.decoder.forward_chunk(codes, states, pos)
-        self.state.index_copy_(0, slots, torch.cat([s.reshape(b, -1) for s in states], dim=1))
-        self.pos.index_copy_(0, slots, pos + codes.shape[1])
+        self._store(slots, states, pos + codes.shape[1])
         return pcm
+
+    @torch.no_grad()
+    def prime_slots(self, slots: Tensor, codes: Tensor, lengths: Tensor) -> None:
+        """Fresh ``slots`` [K] int64 -> their state after decoding frames codes[k, :lengths[k]] of codes
+        [K, F, Q] (a prefix whose audio is never formed; length 0 leaves a slot fresh). The decoder must
+        provide ``prime(codes, lengths, states)``. Static shapes, no host synchronisation."""
+        states = self._states(slots)
+        self.decoder.prime(codes, lengths, states)
+        self._store(slots, states, lengths.to(self.pos.dtype))
+
+    def _states(self, slots: Tensor) -> list[Tensor]:
+        flat = self.state.index_select(0, slots)
+        return [part.unflatten(1, s) for part, s in zip(flat.split(self.sizes, dim=1), self.shapes, strict=True)]
+
+    def _store(self, slots: Tensor, states: list[Tensor], pos: Tensor) -> None:
+        self.state.index_copy_(0, slots, torch.cat([s.reshape(slots.shape[0], -1) for s in states], dim=1))
+        self.pos.index_copy_(0, slots, pos)
 
     def reset_slots(self, slots: Tensor) -> None:
         """Make ``slots`` [K] int64 fresh (graph-safe)."""

@@ -174,7 +174,7 @@ def window_rope(pos: Tensor, n: int, head_dim: int, theta: float, dtype: torch.d
 
 
 def window_mask(pos: Tensor, n: int, cache_len: int, window: int | None) -> Tensor:
-    """[B, 1, N, C+N] bool: key k is visible to query q iff 0 <= k <= q and (no window or q - k < window).
+    """[B, 1, N, C+N] bool: key k is visible to query q >= 0 iff 0 <= k <= q and (no window or q - k < window).
 
     Keys are the C = `cache_len` positions before pos[b] (negative ones do not exist yet) and the N new ones.
     """
@@ -182,7 +182,10 @@ def window_mask(pos: Tensor, n: int, cache_len: int, window: int | None) -> Tens
     key = pos[:, None] + steps  # [B, C+N]
     query = key[:, cache_len:]  # [B, N]
     age = query[:, :, None] - key[:, None, :]
-    visible = (key[:, None, :] >= 0) & (age >= 0)
+    # A query at a negative position (the left padding of a primed prefix, `Qwen3CodecDecoder.prime`) sees
+    # only itself, so that no row is fully masked (some attention kernels give NaN there); real queries
+    # never see a negative key.
+    visible = ((key[:, None, :] >= 0) & (age >= 0)) | (age == 0)
     if window is not None:
         visible &= age < window
     return visible[:, None]

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# A request's codec prefix (`ProgramLayout.codec_prefix_frames`): `Prompt.conditioning[CODEC_PREFIX]`,
+# frames [n, codes_per_frame] of integer codes; in step_in `codec_prime_codes` / `codec_prime_len`.
+CODEC_PREFIX = "codec_prefix"
+
 
 @dataclass(frozen=True)
 class SlotField:
@@ -24,6 +28,10 @@ class ProgramLayout:
     max_prompt_vectors: int = 0  # prompt vectors one prefill launch holds (0: max_prefill_tokens)
     slot_fields: tuple[SlotField, ...] = ()
     frame_latent_dim: int = 0  # > 0: each generated frame leaves a float vector that codec windows read
+    # > 0: a request's codec stream may start with up to this many frames that are decoded but never
+    # emitted (a voice clone's reference frames): its codec slot is primed with them once, in the step
+    # that admits it (the `codec_prime` stage), from `Prompt.conditioning[CODEC_PREFIX]`.
+    codec_prefix_frames: int = 0
     # Paired rows (classifier-free guidance): a request owns this many KV sequences of equal length (2:
     # conditional and unconditional); every LM row attends each of them, and the program mixes their
     # logits into one sample. 1 (the default) is one sequence per request.

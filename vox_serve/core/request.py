@@ -97,17 +97,22 @@ class Prompt:
 
     `ids` [prompt_len, input_columns]; `vectors`: prompt position -> a vector added to that position's
     input embedding (any number, `ProgramLayout.prompt_vector_dim` wide); `conditioning`: per-slot
-    fields the program declared (`ProgramLayout.slot_fields`), set once when the request is admitted.
+    fields the program declared (`ProgramLayout.slot_fields`), set once when the request is admitted, and
+    its codec prefix (`meta.CODEC_PREFIX`, programs that declare `codec_prefix_frames`); `trailing_text`:
+    for a model with a `streamed_text_column`, the text ids of the first generated rows (row k carries
+    `trailing_text[k]`), ahead of any that stream in later.
     """
 
     ids: np.ndarray
     vectors: dict[int, np.ndarray] = field(default_factory=dict)
     conditioning: dict[str, np.ndarray] = field(default_factory=dict)
+    trailing_text: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, ids: Any, vectors: dict[int, Any] | None = None,
-           conditioning: dict[str, Any] | None = None) -> Prompt:
-        """A prompt from lists or arrays: ids as int32 [prompt_len, columns], vectors as float32."""
+    def of(cls, ids: Any, vectors: dict[int, Any] | None = None, conditioning: dict[str, Any] | None = None,
+           trailing_text: Any = ()) -> Prompt:
+        """A prompt from lists or arrays: ids as int32 [prompt_len, columns], vectors as float32, conditioning
+        as int64 (integer values: codes) or float32."""
         rows = np.asarray(ids, dtype=np.int32)
         if rows.ndim != 2 or rows.shape[0] == 0:
             raise ValueError("a prompt needs at least one position of input ids")
@@ -115,8 +120,13 @@ class Prompt:
         for p in vecs:
             if not 0 <= p < rows.shape[0]:
                 raise ValueError(f"a prompt vector at position {p} lies outside the {rows.shape[0]} positions")
-        conds = {k: np.asarray(v, dtype=np.float32) for k, v in (conditioning or {}).items()}
-        return cls(rows, vecs, conds)
+        conds = {k: _field_array(v) for k, v in (conditioning or {}).items()}
+        return cls(rows, vecs, conds, tuple(int(t) for t in trailing_text))
+
+
+def _field_array(value: Any) -> np.ndarray:
+    array = np.asarray(value)
+    return array.astype(np.int64 if array.dtype.kind in "iub" else np.float32)
 
 
 @dataclass

@@ -6,10 +6,12 @@ import enum
 
 
 class Stage(enum.StrEnum):
-    """A step launches, in this order: the prologue (admissions, page-table updates), the codec over first
-    chunks and over other chunks, the prefill, the decode."""
+    """A step launches, in this order: the prologue (admissions, page-table updates), the priming of admitted
+    requests' codec slots with their codec prefixes (programs that declare `codec_prefix_frames`), the codec
+    over first chunks and over other chunks, the prefill, the decode."""
 
     PROLOGUE = "prologue"
+    CODEC_PRIME = "codec_prime"
     CODEC_FIRST = "codec_first"
     CODEC = "codec"
     PREFILL = "prefill"

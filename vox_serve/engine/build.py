@@ -135,6 +135,8 @@ def stage_buckets(program: Program) -> dict[Stage, list[int]]:
                Stage.DECODE: bucket_sizes(lim.max_batch), Stage.CODEC: bucket_sizes(lim.max_codec_batch)}
     if lim.has_first_chunks:
         buckets[Stage.CODEC_FIRST] = bucket_sizes(lim.max_codec_batch)
+    if program.meta.layout.codec_prefix_frames:
+        buckets[Stage.CODEC_PRIME] = bucket_sizes(lim.max_admits)
     return buckets
 
 

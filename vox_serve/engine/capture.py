@@ -21,7 +21,7 @@ from vox_serve.rt.program import Program
 from vox_serve.rt.step_writer import Launch, StepWriter
 
 log = logging.getLogger(__name__)
-CAPTURE_ORDER = (Stage.PROLOGUE, Stage.CODEC_FIRST, Stage.CODEC, Stage.PREFILL, Stage.DECODE)
+CAPTURE_ORDER = (Stage.PROLOGUE, Stage.CODEC_PRIME, Stage.CODEC_FIRST, Stage.CODEC, Stage.PREFILL, Stage.DECODE)
 __all__ = ["StageGraphs", "bucket_sizes", "capture_all", "pick_bucket", "plan_inputs", "warm_up"]
 
 

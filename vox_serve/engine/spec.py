@@ -30,7 +30,7 @@ from vox_serve.engine.registry import callable_handle, planner_handle
 SPEC_VERSION = 2
 SECTIONS = {  # step_in field-name prefixes of each section, in arena order
     "admit": "admit_", "pages": "page_", "decode": "decode_", "codec": "codec_", "codec_first": "codec_first_",
-    "prefill": "prefill_",
+    "prefill": "prefill_", "codec_prime": "codec_prime_",
 }
 PADDING = {  # the value of a padded row's field (fields not listed pad with 0)
     "admit_slot": NO_SLOT, "page_slot": NO_SLOT, "decode_slot": NO_SLOT, "codec_slot": NO_SLOT,

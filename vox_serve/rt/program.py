@@ -7,6 +7,7 @@ bucket), so each (stage, bucket) pair is capturable as a CUDA graph:
 
 - `prologue`: admissions (a slot's sampling parameters, prompt length, declared slot fields; its
   codec state reset) and page-table updates of the step;
+- `codec_prime`: the codec state of admitted requests with a codec prefix, primed with it (`prime_codec`);
 - `prefill` / `decode`: one LM launch; the base class derives the launch's device view (`LmBatch`),
   the program's `lm_step` computes and samples, and `LmBatch.commit` records the samples;
 - `codec` / `codec_first`: a batch of chunk windows gathered from the slots' codes (`CodecWindow`),
@@ -79,6 +80,8 @@ class Program(ABC):
         sequence count, max_prefill_seqs)."""
         if stage is Stage.PROLOGUE:
             self.prologue()
+        elif stage is Stage.CODEC_PRIME:
+            self.codec_prime(bucket)
         elif stage is Stage.PREFILL:
             self.prefill(bucket, self.limits.max_prefill_seqs if num_seqs is None else num_seqs)
         elif stage is Stage.DECODE:
@@ -101,6 +104,13 @@ class Program(ABC):
         index = torch.where(valid, a["page_index"], 0).long()
         st.page_table[st.slots(raw), index] = torch.where(valid, a["page_id"], 0)
         self.reset_slots(slots)
+
+    def codec_prime(self, rows: int) -> None:
+        """Prime the codec slots of admit rows 0..rows-1 (those with a codec prefix come first; the others
+        have a prefix of length 0) with their prefixes, read from step_in; the prologue has just reset them."""
+        a = self.arenas["step_in"].dev
+        self.prime_codec(self.state.slots(a["admit_slot"][:rows]), a["codec_prime_codes"][:rows],
+                         a["codec_prime_len"][:rows])
 
     def _source(self, stage: str) -> LaunchSource:
         return LaunchSource(self.state, self.arenas["step_in"], self.arenas["step_out"], self.limits.page_size,
@@ -147,6 +157,12 @@ class Program(ABC):
 
     def reset_slots(self, slots: Tensor) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Forget a stateful codec's state for these slots (admitted this step; may hold the scratch slot)."""
+
+    def prime_codec(self, slots: Tensor, codes: Tensor, lengths: Tensor) -> None:
+        """Bring the freshly reset codec state of `slots` [K] to where it would be after decoding each slot's
+        prefix: frames codes[k, :lengths[k]] of codes [K, codec_prefix_frames, codes_per_frame] int32 (lengths
+        may be 0: the state stays fresh). Required of a program that declares `codec_prefix_frames` (capturable)."""
+        raise NotImplementedError(f"{type(self).__name__} declares a codec prefix but cannot prime its codec")
 
     def prompt_builder_spec(self) -> dict[str, Any]:
         """What a prompt builder outside Python needs (tokenizer file, ids, templates); {} when none can."""

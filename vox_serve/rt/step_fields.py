@@ -2,9 +2,9 @@
 
 `step_in` is written on the host and copied to the device once per step, up to the end of the last
 section the step uses; sections are ordered small and frequent first (admissions, page-table
-updates, decode rows, codec rows) and large and rare last (prefill tokens). `step_out` holds what the
-host needs back -- an out kind per LM row, the PCM of the codec rows -- and is copied back once, up
-to the end of the last output the step wrote. docs/engine-contract.md lists every field with its
+updates, decode rows, codec rows) and large and rare last (prefill tokens, codec prefixes). `step_out`
+holds what the host needs back -- an out kind per LM row, the PCM of the codec rows -- and is copied
+back once, up to the end of the last output the step wrote. docs/engine-contract.md lists every field with its
 padding convention.
 """
 
@@ -69,12 +69,23 @@ def prefill_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpec]:
     return fields
 
 
+def codec_prefix_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpec]:
+    """The admissions' codec prefixes (`ProgramLayout.codec_prefix_frames`): large, uploaded only by the steps
+    that prime, so they come last."""
+    n = meta.layout.codec_prefix_frames
+    if not n:
+        return []
+    a = limits.max_admits
+    return [FieldSpec("codec_prime_codes", (a, n, meta.codes_per_frame), I32),
+            FieldSpec("codec_prime_len", (a,), I64)]
+
+
 def step_input_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpec]:
     fields = admit_fields(meta, limits) + page_fields(limits) + decode_fields(meta, limits)
     fields += codec_fields("codec", limits)
     if limits.has_first_chunks:
         fields += codec_fields("codec_first", limits)
-    return fields + prefill_fields(meta, limits)
+    return fields + prefill_fields(meta, limits) + codec_prefix_fields(meta, limits)
 
 
 def step_output_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpec]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vox_serve.core.meta import EngineLimits, ProgramMeta
+from vox_serve.core.meta import CODEC_PREFIX, EngineLimits, ProgramMeta
 from vox_serve.core.plan import NO_SLOT, CodecLaunch, LmLaunch, SlotInit, StepPlan, StepResult
 from vox_serve.core.stages import Stage, pick_bucket
 from vox_serve.rt.attention.base import AttentionPlan, paged_kv_offsets
@@ -44,12 +44,18 @@ class StepWriter:
 
     def write(self, h: HostViews, plan: StepPlan) -> tuple[list[Launch], int]:
         """Fill the host views for `plan`; returns its launches in order and the bytes to upload."""
-        launches, end = [], 0
+        launches, end, primed_end = [], 0, 0
         if plan.admits or len(plan.pages):
-            self._admits(h, plan.admits)
+            admits = sorted(plan.admits, key=lambda a: not _has_prefix(a))  # those with a codec prefix first
+            self._admits(h, admits)
             self._pages(h, plan)
             launches.append(Launch(Stage.PROLOGUE, 1))
             end = self.end_of("page_id")
+            num_primed = sum(map(_has_prefix, admits))
+            if num_primed:
+                self._codec_prefixes(h, admits[:num_primed])
+                launches.append(Launch(Stage.CODEC_PRIME, pick_bucket(num_primed, self.buckets[Stage.CODEC_PRIME])))
+                primed_end = self.end_of("codec_prime_len")
         if len(plan.codec):
             for launch in self._codec(h, plan.codec):
                 launches.append(launch)
@@ -60,7 +66,7 @@ class StepWriter:
         if len(plan.decode):
             launches.append(self._decode(h, plan.decode))
             end = max(end, self.end_of("decode_last_page_len"))
-        return launches, end
+        return launches, max(end, primed_end)
 
     # ---- sections ----------------------------------------------------------------------------
     def _admits(self, h: HostViews, admits: list[SlotInit]) -> None:
@@ -81,6 +87,18 @@ class StepWriter:
                 if value is not None:
                     values[i, :length] = value
                 lengths[i] = length
+
+    def _codec_prefixes(self, h: HostViews, primed: list[SlotInit]) -> None:
+        """The codec prefixes of admit rows 0..n-1 (the admissions that carry one come first, so that a
+        `codec_prime` launch of bucket b primes rows 0..b-1; rows past n get length 0: no-ops)."""
+        values, lengths = h["codec_prime_codes"], h["codec_prime_len"]
+        for i, a in enumerate(primed):
+            prefix = a.conditioning[CODEC_PREFIX]
+            if len(prefix) > values.shape[1]:
+                raise ValueError(f"{CODEC_PREFIX} of {len(prefix)} frames exceeds the declared {values.shape[1]}")
+            values[i, :len(prefix)] = prefix
+            lengths[i] = len(prefix)
+        lengths[len(primed):] = 0
 
     def _pages(self, h: HostViews, plan: StepPlan) -> None:
         p, n = plan.pages, len(plan.pages)
@@ -157,6 +175,11 @@ class StepWriter:
         attention = AttentionPlan(streams * n, np.tile(rows.num_tokens, streams), np.tile(rows.kv_len, streams),
                                   num_rows=streams * seqs, graph_tokens=graph_tokens)
         return Launch(Stage.PREFILL, bucket, num_seqs=seqs, attention=attention)
+
+
+def _has_prefix(admit: SlotInit) -> bool:
+    prefix = admit.conditioning.get(CODEC_PREFIX)
+    return prefix is not None and len(prefix) > 0
 
 
 def _padded(values: np.ndarray, size: int, pad: int) -> np.ndarray:

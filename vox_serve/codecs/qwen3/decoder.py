@@ -25,7 +25,13 @@ from torch import Tensor, nn
 from vox_serve.codecs.codebooks import ProjectedCodebooks, projected_table
 from vox_serve.codecs.qwen3.layers import ConvNeXtBlock, DecoderBlock, SlidingWindowTransformer, SnakeBeta
 from vox_serve.codecs.slots import CodecSlots
-from vox_serve.codecs.streaming import CausalConv, CausalUpConv, StreamingCodecDecoder, assign_state_ids
+from vox_serve.codecs.streaming import (
+    CausalConv,
+    CausalUpConv,
+    StatefulLayer,
+    StreamingCodecDecoder,
+    assign_state_ids,
+)
 from vox_serve.codecs.weight_norm import fuse_weight_norm
 
 Qwen3CodecSlots = CodecSlots  # the shared slot pool; the name the Qwen3-TTS program and tests use
@@ -84,6 +90,17 @@ class Qwen3CodecConfig:
         return cfg
 
 
+def context_frames(layers: list[StatefulLayer]) -> int:
+    """Frames of input that the final states of a causal stack (`layers` in order, the first at the frame
+    rate) depend on: each layer's context in its input's time steps, over that rate, summed; rounded up, plus
+    one for the transposed convs' sub-frame alignment."""
+    rate, total = 1, 0.0
+    for m in layers:
+        total += getattr(m, "context_len", 0) / rate
+        rate *= getattr(m, "stride", 1)
+    return math.ceil(total) + 1
+
+
 def _rope_theta(dec: dict) -> float:
     """rope_theta (+ rope_scaling, transformers 4.x) or rope_parameters (5.x); only plain RoPE exists here."""
     params = dec.get("rope_parameters") or dec.get("rope_scaling") or {}
@@ -113,6 +130,9 @@ class Qwen3CodecDecoder(StreamingCodecDecoder):
             *(DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(c.upsample_rates)),
             SnakeBeta(dims[-1]), CausalConv(dims[-1], 1, 7)])
         self.state_names, self.state_shapes = assign_state_ids(self)
+        tail = [m for part in (self.upsample, self.decoder) for m in part.modules() if isinstance(m, StatefulLayer)]
+        self.tail_state_ids = [m.state_id for m in tail if m.state_shape() is not None]
+        self.tail_context_frames = context_frames(tail)
 
     def forward_chunk(self, codes: Tensor, states: list[Tensor], pos: Tensor) -> Tensor:
         """codes [B, N, Q] of frames pos[b] .. pos[b]+N-1 -> pcm [B, N * samples_per_frame] in [-1, 1].
@@ -120,15 +140,52 @@ class Qwen3CodecDecoder(StreamingCodecDecoder):
         ``states`` (per ``state_shapes``, batch first) is read and its entries replaced by the new state.
         Static shapes, no host synchronisation.
         """
+        return self._synthesize(self._latents(codes, states, pos), states)
+
+    def _latents(self, codes: Tensor, states: list[Tensor], pos: Tensor, valid: Tensor | None = None) -> Tensor:
+        """codes [B, N, Q] -> the transformer's output [B, latent, N] at the frame rate; `valid` [B, N] zeroes
+        the embeddings of frames that do not exist (a fresh state's left padding)."""
         if codes.shape[-1] != self.config.num_quantizers:
             raise ValueError(f"expected {self.config.num_quantizers} code groups per frame, got {codes.shape[-1]}")
-        h = self.pre_conv(self.quantizer(codes), states)
-        h = self.pre_transformer(h.transpose(1, 2), states, pos).transpose(1, 2)
+        x = self.quantizer(codes)
+        if valid is not None:
+            x = x * valid[:, None, :].to(x.dtype)
+        h = self.pre_conv(x, states)
+        return self.pre_transformer(h.transpose(1, 2), states, pos).transpose(1, 2)
+
+    def _synthesize(self, h: Tensor, states: list[Tensor]) -> Tensor:
+        """The upsampling tail: latents [B, latent, N] -> pcm [B, N * samples_per_frame]."""
         for up, convnext in self.upsample:
             h = convnext(up(h, states), states)
         for m in self.decoder:
             h = m(h, states)
         return h.clamp(-1.0, 1.0)[:, 0]
+
+    def prime(self, codes: Tensor, lengths: Tensor, states: list[Tensor]) -> None:
+        """Fresh ``states`` of B requests -> their state after decoding frames codes[b, :lengths[b]] of codes
+        [B, F, Q] (the audio is not formed). Static shapes, no host synchronisation.
+
+        The prefixes are right-aligned in the F-frame window, so every one ends where the window ends and the
+        states to keep are the ones a chunk leaves; frame j of row b is prefix frame j - (F - lengths[b]), at
+        that (negative for padding) position. Padding is invisible to the real frames: its embeddings are
+        zeroed (the causal conv's fresh context is zeros) and the windowed attention never shows a key at a
+        negative position. The transformer runs over the whole window in one pass; the tail (upsampling convs,
+        whose states reach back only `tail_context_frames`) only over the last frames, one frame at a time,
+        each row's state advancing only on its real frames, so that a short prefix starts from the fresh state.
+        """
+        f = codes.shape[1]
+        start = f - lengths  # [B]: the window frame holding each row's first prefix frame
+        source = torch.arange(f, device=codes.device)[None, :] - start[:, None]  # [B, F]
+        valid = source >= 0
+        aligned = codes.gather(1, source.clamp(min=0)[..., None].expand(-1, -1, codes.shape[2]))
+        h = self._latents(aligned, states, -start, valid)
+        w = min(f, self.tail_context_frames)
+        for j in range(f - w, f):
+            trial = list(states)
+            self._synthesize(h[..., j:j + 1], trial)
+            keep = valid[:, j]
+            for i in self.tail_state_ids:
+                states[i] = torch.where(keep.view(-1, *[1] * (states[i].dim() - 1)), trial[i], states[i])
 
     @classmethod
     def from_dir(cls, path: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32

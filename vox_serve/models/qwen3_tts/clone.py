@@ -6,15 +6,19 @@ Runs in `preprocess`, once per request, off the per-step path. The request uploa
     the speaker embedding; the transcript is required;
   - x-vector only: just the speaker embedding; the transcript is ignored.
 `x_vector_only_mode` picks the mode explicitly, as in the reference (which defaults to ICL); without it
-the mode follows from whether `ref_text` is given. Audio at another rate is resampled to the codec's
-24 kHz (the reference uses librosa's resampler; ours is a windowed sinc, so only 24 kHz uploads give
-bit-identical prompts). The reference decodes an in-context clone's audio after the reference frames and
-cuts their audio off; we stream it from a fresh codec state (the codes are the same, the first moments
-of audio can differ). Input streaming clones in x-vector-only mode (see `check_streaming_fields`).
+the mode follows from whether `ref_text` is given. `non_streaming_mode` picks the prompt layout, as the
+reference's `generate_voice_clone` (default false: the streaming layout, `stream.clone_streaming_layout`;
+true: `prompt.build_clone_prompt`). Input streaming takes the streaming layout in both modes. Audio at
+another rate is resampled to the codec's 24 kHz (the reference uses librosa's resampler; ours is a windowed
+sinc, so only 24 kHz uploads give bit-identical prompts). The reference decodes an in-context clone's audio
+after the reference frames and cuts their audio off: the prompt carries the reference codes as its codec
+prefix (`CODEC_PREFIX`), which primes the request's codec slot once, at admission, so the streamed audio
+is the reference's.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +27,11 @@ import torch
 from vox_serve.audio_input import decode_audio, resample
 from vox_serve.codecs.mimi.config import MimiConfig
 from vox_serve.codecs.mimi.encoder import MimiEncoder
+from vox_serve.core.meta import CODEC_PREFIX
 from vox_serve.core.request import Prompt
 from vox_serve.models.qwen3_tts.prompt import PromptIds, build_clone_prompt
 from vox_serve.models.qwen3_tts.speaker_encoder import SAMPLE_RATE, SpeakerEncoder, SpeakerEncoderConfig
-from vox_serve.models.qwen3_tts.stream import clone_streaming_prompt
+from vox_serve.models.qwen3_tts.stream import clone_prompt_text_ids, clone_streaming_layout, text_ids
 from vox_serve.request_builder import FieldError
 from vox_serve.rt.checkpoint import CheckpointError, init_random, read_json
 from vox_serve.voice_prompt import SAVED_VOICE_FIELD, VoicePrompt
@@ -43,21 +48,40 @@ class VoiceCloner:
         self.speaker_encoder, self.codec_encoder = speaker_encoder, codec_encoder
 
     def prompt(self, tokenizer: Any, ids: PromptIds, fields: dict[str, Any]) -> Prompt:
-        """The request's prompt rows with its speaker embedding; FieldError for unusable inputs. A saved
-        voice (fields[SAVED_VOICE_FIELD]) brings its embedding and reference codes: no encoder runs."""
-        x_vector_only = clone_mode(fields)
-        voice = self.voice(fields, x_vector_only)
-        rows, speaker_row = build_clone_prompt(tokenizer, ids, fields["text"], fields.get("language"),
-                                               voice.ref_text, voice.ref_codes)
-        return Prompt.of(rows, {speaker_row: voice.speaker})
+        """The request's prompt rows with its speaker embedding (and reference codes to prime the codec with,
+        in-context), in the layout `non_streaming_mode` picks (default: the streaming one, as the reference's);
+        FieldError for unusable inputs. A saved voice (fields[SAVED_VOICE_FIELD]) brings its embedding and
+        reference codes: no encoder runs."""
+        voice = self.voice(fields, clone_mode(fields))
+        language = fields.get("language")
+        if fields.get("non_streaming_mode", False):
+            rows, speaker_row = build_clone_prompt(tokenizer, ids, fields["text"], language, voice.ref_text,
+                                                   voice.ref_codes)
+            return clone_prompt(rows, speaker_row, [], voice)
+        texts = text_ids(tokenizer, ids, fields["text"])
+        return clone_prompt(*clone_streaming_layout(tokenizer, ids, texts, language, voice.ref_text,
+                                                    voice.ref_codes), voice)
 
     def streaming_prompt(self, tokenizer: Any, ids: PromptIds, fields: dict[str, Any],
-                         first_text_id: int) -> Prompt:
-        """An input-streaming request's prompt (x-vector only; see `check_streaming_fields`)."""
+                         prompt_text_ids: list[int]) -> Prompt:
+        """An input-streaming request's prompt from its first text ids (`prompt_text_ids`, as many as
+        `prompt_text_ids_needed` says, or all of a text that ended sooner, tts_eos included)."""
         check_streaming_fields(fields)
-        voice = self.voice(fields, x_vector_only=True)
-        rows, speaker_row = clone_streaming_prompt(tokenizer, ids, first_text_id, fields.get("language"))
-        return Prompt.of(rows, {speaker_row: voice.speaker})
+        voice = self.voice(fields, clone_mode(fields))
+        return clone_prompt(*clone_streaming_layout(tokenizer, ids, prompt_text_ids, fields.get("language"),
+                                                    voice.ref_text, voice.ref_codes), voice)
+
+    def prompt_text_ids_needed(self, tokenizer: Any, fields: dict[str, Any]) -> int:
+        """How many text ids an input-streaming clone's prompt pairs with its codec rows (FieldError for unusable
+        audio): the reference frames' count comes from the saved voice or the upload's length."""
+        if clone_mode(fields):
+            return clone_prompt_text_ids(tokenizer, None, None)
+        saved = fields.get(SAVED_VOICE_FIELD)
+        if saved is not None:
+            return clone_prompt_text_ids(tokenizer, saved.ref_text, len(saved.ref_codes))
+        samples, rate = self._decoded(fields["audio"])  # not resampled: `resample`'s length, in integers
+        frames = _ceil_div(_ceil_div(len(samples) * SAMPLE_RATE, rate), self.codec_encoder.config.samples_per_frame)
+        return clone_prompt_text_ids(tokenizer, fields["ref_text"], frames)
 
     def voice(self, fields: dict[str, Any], x_vector_only: bool) -> VoicePrompt:
         """The request's cloning prompt: its saved voice's, or computed from its uploaded `audio`."""
@@ -85,6 +109,12 @@ class VoiceCloner:
 
     def reference_audio(self, data: bytes) -> torch.Tensor:
         """Uploaded bytes -> [samples] float32 at 24 kHz."""
+        samples, rate = self._decoded(data)
+        return resample(torch.from_numpy(samples), rate, SAMPLE_RATE)
+
+    @staticmethod
+    def _decoded(data: bytes) -> tuple[Any, int]:
+        """Uploaded bytes -> (samples, rate), its length checked."""
         try:
             samples, rate = decode_audio(data, MAX_REFERENCE_SECONDS)
         except ValueError as exc:
@@ -93,7 +123,7 @@ class VoiceCloner:
         if not MIN_REFERENCE_SECONDS <= seconds <= MAX_REFERENCE_SECONDS:
             raise FieldError("audio", f"the reference audio is {seconds:.2f} s long; it must be "
                                       f"{MIN_REFERENCE_SECONDS:g} to {MAX_REFERENCE_SECONDS:g} s")
-        return resample(torch.from_numpy(samples), rate, SAMPLE_RATE)
+        return samples, rate
 
     def weights_bytes(self) -> int:
         modules = (self.speaker_encoder, self.codec_encoder)
@@ -127,13 +157,32 @@ def clone_mode(fields: dict[str, Any]) -> bool:
 
 
 def check_streaming_fields(fields: dict[str, Any]) -> None:
-    """Input streaming clones from the speaker embedding only. The reference's streaming in-context prompt
-    (`generate_icl_prompt`, non_streaming_mode=False) pairs each reference frame with a token of the
-    transcript then the text (tts_eos and padding when the text is shorter), so a request could not start
-    before as many text tokens as the clip has frames, or the end of the text, had arrived; that is not built."""
-    if not clone_mode(fields):
-        raise FieldError("ref_text", "in-context cloning is not available with input streaming; send the whole "
-                                     "text to POST /generate or use x_vector_only_mode")
+    """What input streaming refuses of a clone (besides `clone_mode`'s): the non-streaming layout, which
+    needs the whole text before the first frame."""
+    clone_mode(fields)
+    check_streaming_layout(fields)
+
+
+def check_streaming_layout(fields: dict[str, Any]) -> None:
+    if fields.get("non_streaming_mode"):
+        raise FieldError("non_streaming_mode", "input streaming feeds the text as it arrives (the streaming "
+                                               "layout); send the whole text to POST /generate for the other")
+
+
+def clone_prompt(rows: list[list[int]], speaker_row: int, trailing: list[int], voice: VoicePrompt) -> Prompt:
+    """A clone's prompt: the speaker embedding at its row; in context, the reference codes that prime the codec
+    (the reference decodes the clip's codes before the generated ones and cuts their audio off)."""
+    conditioning = {CODEC_PREFIX: voice.ref_codes} if voice.ref_codes else {}
+    return Prompt.of(rows, {speaker_row: voice.speaker}, conditioning, trailing)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def max_reference_frames(samples_per_frame: int) -> int:
+    """Codec frames of the longest reference clip (the codec prefix a slot holds)."""
+    return math.ceil(MAX_REFERENCE_SECONDS * SAMPLE_RATE / samples_per_frame)
 
 
 def load_cloner(cfg: dict[str, Any], model_dir: Path | None, codec_dir: Path | None,

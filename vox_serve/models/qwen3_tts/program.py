@@ -8,7 +8,15 @@ Arena input layout (`input_ids [T, G + 1]`, G = code groups, 16 in the released 
 The input embedding of a position is text_projection(text_embedding(text)) + sum of the present
 code embeddings, as the reference builds its prompt and decode inputs. Base (voice clone) prompts also
 carry the speaker embedding of the reference audio, added at the speaker position through the prefill
-arena's `embed_rows` / `embeds` fields (see `qwen3_tts_clone.py`: the encoders run in `preprocess`).
+arena's `embed_rows` / `embeds` fields (see `clone.py`: the encoders run in `preprocess`).
+
+Prompt layouts, as the reference's `non_streaming_mode` (a request field; the reference's defaults: false
+for Base's `generate_voice_clone`, true for the others): true puts the whole text in the prompt (prompt.py);
+false ends the prompt with the first text id (in-context clones: the reference frames paired with the
+transcript's and the text's ids) and feeds the others one per generated frame through the streamed text
+column (`Prompt.trailing_text`, the same path input streaming takes: stream.py). An in-context clone's
+codec slot is primed with its reference frames at admission (`codec_prime`), as the reference decodes
+them before the generated frames and cuts their audio off.
 
 One LM step (prefill or decode) ends with whole frames: the talker samples group 0 over the codec
 vocabulary with the control ids 2048..3071 suppressed except EOS (allowed once the row may stop and
@@ -42,10 +50,12 @@ from vox_serve.models.qwen3_tts.clone import (
     MIN_REFERENCE_SECONDS,
     VoiceCloner,
     check_streaming_fields,
+    check_streaming_layout,
+    max_reference_frames,
 )
 from vox_serve.models.qwen3_tts.layers import CodePredictor, Talker
 from vox_serve.models.qwen3_tts.prompt import PromptIds, build_prompt
-from vox_serve.models.qwen3_tts.stream import PROMPT_TEXT_IDS, stable_text_ids, streaming_prompt
+from vox_serve.models.qwen3_tts.stream import PROMPT_TEXT_IDS, stable_text_ids, streaming_prompt, text_ids
 from vox_serve.request_builder import FieldError
 from vox_serve.rt import kernels
 from vox_serve.rt.codec_window import CodecWindow
@@ -59,7 +69,7 @@ NUM_CONTROL_IDS = 1024  # the top of the codec vocabulary: control, language and
 DEFAULT_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.05,
                     "repetition_window": 256, "max_tokens": 2048}
 COMMON_FIELDS = ("text", "language", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens",
-                 "seed", "ignore_eos", "streaming")
+                 "seed", "ignore_eos", "streaming", "non_streaming_mode")
 
 
 def qwen3_tts_meta(name: str, ids: PromptIds, max_model_len: int, hidden_size: int, sample_rate: int = 24000,
@@ -75,8 +85,9 @@ def qwen3_tts_meta(name: str, ids: PromptIds, max_model_len: int, hidden_size: i
         stop_rule=StopRule(token=ids.codec_eos, min_generated=MIN_FRAMES_BEFORE_STOP),
         default_sampling=dict(DEFAULT_SAMPLING), accepted_fields=accepted, voices=voices,
         default_voice=voices[0] if voices else None, languages=ids.supported_languages, stateful_codec=True,
-        layout=ProgramLayout(prompt_vector_dim=hidden_size if clones else 0),
-        # A cloned voice streams its text in x-vector-only mode only (qwen3_tts_clone.check_streaming_fields).
+        # An in-context clone primes its codec slot with the reference frames (clone.clone_prompt).
+        layout=ProgramLayout(prompt_vector_dim=hidden_size if clones else 0,
+                             codec_prefix_frames=max_reference_frames(samples_per_frame) if clones else 0),
         supports_input_streaming=True, streamed_text_column=g,
         extra={"model_type": ids.model_type, "takes_instruct": ids.takes_instruct,
                "input_layout": f"columns 0..{g - 1}: code groups (-1 absent); column {g}: text id (-1: tts_pad)",
@@ -119,9 +130,13 @@ class Qwen3TTSProgram(Program):
     def preprocess(self, fields: dict[str, Any]) -> Prompt:
         if self.cloner is not None:
             return self.cloner.prompt(self.tokenizer, self.ids, fields)
-        voice = fields.get("voice") or self.meta.default_voice
-        return Prompt.of(build_prompt(self.tokenizer, self.ids, fields["text"], voice, fields.get("language"),
-                                      fields.get("instruct")))
+        voice, language, instruct = fields.get("voice") or self.meta.default_voice, fields.get("language"), \
+            fields.get("instruct")
+        if fields.get("non_streaming_mode", True):  # the default of generate_custom_voice / _voice_design
+            return Prompt.of(build_prompt(self.tokenizer, self.ids, fields["text"], voice, language, instruct))
+        first, *trailing = text_ids(self.tokenizer, self.ids, fields["text"])
+        return Prompt.of(streaming_prompt(self.tokenizer, self.ids, first, voice, language, instruct),
+                         trailing_text=trailing)
 
     def prompt_builder_spec(self) -> dict[str, Any]:
         """The Rust prompt builder's inputs: the tokenizer (its JSON) and the checkpoint's config; `clone`
@@ -146,10 +161,17 @@ class Qwen3TTSProgram(Program):
     def check_streaming_fields(self, fields: dict[str, Any]) -> None:
         if self.cloner is not None:
             check_streaming_fields(fields)
+        check_streaming_layout(fields)
+
+    def num_prompt_text_ids_for(self, fields: dict[str, Any]) -> int:
+        """An in-context clone's prompt pairs its reference frames with text ids (`clone_prompt_text_ids`)."""
+        if self.cloner is None:
+            return self.num_prompt_text_ids
+        return self.cloner.prompt_text_ids_needed(self.tokenizer, fields)
 
     def preprocess_streaming(self, fields: dict[str, Any], prompt_text_ids: list[int]) -> Prompt:
         if self.cloner is not None:
-            return self.cloner.streaming_prompt(self.tokenizer, self.ids, fields, prompt_text_ids[0])
+            return self.cloner.streaming_prompt(self.tokenizer, self.ids, fields, prompt_text_ids)
         voice = fields.get("voice") or self.meta.default_voice
         return Prompt.of(streaming_prompt(self.tokenizer, self.ids, prompt_text_ids[0], voice, fields.get("language"),
                                           fields.get("instruct")))
@@ -197,6 +219,9 @@ class Qwen3TTSProgram(Program):
 
     def reset_slots(self, slots: torch.Tensor) -> None:
         self.codec_slots.reset_slots(slots)
+
+    def prime_codec(self, slots: torch.Tensor, codes: torch.Tensor, lengths: torch.Tensor) -> None:
+        self.codec_slots.prime_slots(slots, codes.long(), lengths)
 
     def weights_bytes(self) -> int:
         modules = (self.talker, self.predictor, self.codec_decoder)

@@ -139,12 +139,17 @@ def build_clone_prompt(tokenizer: Any, ids: PromptIds, text: str, language: str 
         return rows + _text_rows(ids, turn), speaker_row
     if ref_text is None:
         raise ValueError("ref_text: in-context cloning needs the reference audio's transcript")
-    ref_turn = chat_ids(tokenizer, IM_START, f"assistant\n{ref_text}", IM_END, "\n")
-    texts = ref_turn[ASSISTANT_HEAD:-REF_TAIL] + turn[ASSISTANT_HEAD:-ASSISTANT_TAIL]
+    texts = reference_text_ids(tokenizer, ref_text) + turn[ASSISTANT_HEAD:-ASSISTANT_TAIL]
     rows += [_row(ids, t, ids.codec_pad) for t in texts] + [_row(ids, ids.tts_eos, ids.codec_pad),
                                                             _row(ids, ids.tts_pad, ids.codec_bos)]
     rows += [list(frame) + [ids.tts_pad] for frame in ref_codes]
     return rows, speaker_row
+
+
+def reference_text_ids(tokenizer: Any, ref_text: str) -> list[int]:
+    """The reference transcript's ids, as the reference cuts them from
+    `<|im_start|>assistant\n{ref_text}<|im_end|>\n`."""
+    return chat_ids(tokenizer, IM_START, f"assistant\n{ref_text}", IM_END, "\n")[ASSISTANT_HEAD:-REF_TAIL]
 
 
 def assistant_turn(tokenizer: Any, text: str) -> list[int]:

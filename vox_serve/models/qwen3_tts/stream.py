@@ -21,11 +21,15 @@ from __future__ import annotations
 from typing import Any
 
 from vox_serve.models.qwen3_tts.prompt import (
+    ABSENT,
     ASSISTANT_HEAD,
+    ASSISTANT_TAIL,
     PromptIds,
     _row,
+    assistant_turn,
     build_clone_prompt,
     build_prompt,
+    reference_text_ids,
 )
 from vox_serve.models.tokenizers.user_text import for_user_text
 
@@ -72,15 +76,49 @@ def streaming_prompt(tokenizer: Any, ids: PromptIds, first_text_id: int, voice: 
     return _first_text_row(ids, rows, first_text_id)
 
 
-def clone_streaming_prompt(tokenizer: Any, ids: PromptIds, first_text_id: int, language: str | None = None
-                           ) -> tuple[list[list[int]], int]:
-    """An x-vector-only voice clone's input-streaming prompt: (rows, index of the speaker row). The
-    reference builds it as `streaming_prompt`'s, with the speaker embedding in the speaker position."""
-    rows, speaker_row = build_clone_prompt(tokenizer, ids, "", language)
-    return _first_text_row(ids, rows, first_text_id), speaker_row
-
-
 def _first_text_row(ids: PromptIds, rows: list[list[int]], first_text_id: int) -> list[list[int]]:
     """An empty text's prompt with its closing rows (tts_eos, codec_pad), (tts_pad, codec_bos) replaced by
     (first text id, codec_bos)."""
     return rows[:-2] + [_row(ids, first_text_id, ids.codec_bos)]
+
+
+def text_ids(tokenizer: Any, ids: PromptIds, text: str) -> list[int]:
+    """A whole text's ids and tts_eos: what the streaming layout pairs with codec rows or trails."""
+    return assistant_turn(tokenizer, text)[ASSISTANT_HEAD:-ASSISTANT_TAIL] + [ids.tts_eos]
+
+
+def paired_rows(ids: PromptIds, codec_rows: list[list[int]], texts: list[int]) -> tuple[list[list[int]], list[int]]:
+    """The streaming layout's ending: codec row k (G code columns) with text id `texts[k]`, tts_pad once the
+    texts run out; returns those rows and the texts left over (they trail, one per generated frame)."""
+    rows = [codes + [texts[k] if k < len(texts) else ids.tts_pad] for k, codes in enumerate(codec_rows)]
+    return rows, texts[len(codec_rows):]
+
+
+def clone_streaming_layout(tokenizer: Any, ids: PromptIds, texts: list[int], language: str | None = None,
+                           ref_text: str | None = None, ref_codes: list[list[int]] | None = None
+                           ) -> tuple[list[list[int]], int, list[int]]:
+    """A voice clone's prompt in the reference's streaming layout (`non_streaming_mode=False`): (rows, index of
+    the speaker row, trailing text ids). `texts` are the text's ids, with tts_eos once the text is complete
+    (`text_ids`), or the first of them that have arrived (input streaming; enough for the rows they pair with).
+
+    The head is the non-streaming layout's, up to the tts_bos row; then codec_bos and (in-context cloning:
+    `ref_codes` and `ref_text`) every reference frame, each paired with the next id of the reference
+    transcript then the text (reference `generate_icl_prompt`); x-vector only: codec_bos with the first text
+    id. The ids past the codec rows trail."""
+    head, speaker_row = build_clone_prompt(tokenizer, ids, "", language)
+    codec_rows = [_row(ids, ABSENT, ids.codec_bos)[:-1]]
+    if ref_codes is not None:
+        if ref_text is None:
+            raise ValueError("ref_text: in-context cloning needs the reference audio's transcript")
+        texts = reference_text_ids(tokenizer, ref_text) + texts
+        codec_rows += [list(frame) for frame in ref_codes]
+    rows, trailing = paired_rows(ids, codec_rows, texts)
+    return head[:-2] + rows, speaker_row, trailing
+
+
+def clone_prompt_text_ids(tokenizer: Any, ref_text: str | None, num_ref_frames: int | None) -> int:
+    """Text ids an input-streaming clone needs before its prompt can be built (fewer once its text ends):
+    one (x-vector only), or as many as the reference frames and codec_bos outnumber the transcript's."""
+    if num_ref_frames is None:
+        return PROMPT_TEXT_IDS
+    return max(0, num_ref_frames + 1 - len(reference_text_ids(tokenizer, ref_text or "")))
