@@ -15,9 +15,12 @@ from qwen3_tts_helpers import reference_wavs
 from rust_helpers import require_rt
 
 
-def _bench(runtime: str, model: str, out: Path, *extra: str, requests: int = 4) -> subprocess.CompletedProcess:
+def _bench(runtime: str, model: str, out: Path, *extra: str, requests: int = 4, greedy: bool = True,
+           trace_dir: Path | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "vox_serve.launch", "--runtime", runtime, "--model", model, "--device", "cpu",
-           "--bench-requests", str(requests), "--bench-out", str(out), "--greedy", *extra]
+           "--bench-requests", str(requests), "--bench-out", str(out), *(["--greedy"] if greedy else []), *extra]
+    if trace_dir is not None:
+        cmd += ["--trace-dir", str(trace_dir)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -93,21 +96,47 @@ def test_rust_runtime_refuses_paired_rows_with_a_clear_error(rt, tmp_path: Path)
     assert proc.returncode != 0 and "kv_streams" in proc.stderr and "--runtime python" in proc.stderr
 
 
-def test_rust_bench_voice_clone_matches_python(rt, tmp_path: Path) -> None:
+CLONE_CASES = {  # bench kwargs of a Qwen3-TTS Base clone, and whether it primes its codec slot (in context)
+    # the streaming-text layout: the prompt's trailing text ids go one per frame through the text column
+    "x-vector": ({"max_tokens": 24}, False),
+    # in context: the reference frames prime the codec slot (codec_prime) in the step that admits it
+    "in-context": ({"max_tokens": 24, "ref_text": "A reference sentence."}, True),
+    "in-context-non-streaming": ({"max_tokens": 24, "ref_text": "A reference sentence.", "non_streaming_mode": True},
+                                 True),
+}
+
+
+def _stage_launches(trace_dir: Path) -> list[tuple[int, str]]:
+    (path,) = trace_dir.glob("*.jsonl")
+    records = (json.loads(line) for line in path.read_text().splitlines())
+    return [(r["step"], r["stage"]) for r in records if r["type"] == "stage"]
+
+
+@pytest.mark.parametrize("case", list(CLONE_CASES))
+def test_rust_bench_voice_clone_matches_python(rt, tmp_path: Path, case: str) -> None:
     """Qwen3-TTS Base: the reference audio is encoded by the program's Python prompt builder (off the
-    step path); its speaker vector and prompt vectors go through the Rust writer."""
+    step path); its speaker vector, prompt vectors, trailing text ids and codec prefix go through the Rust
+    scheduler and writer, which launch the same stages in the same steps as the Python runtime."""
+    kwargs, primes = CLONE_CASES[case]
     ref = tmp_path / "ref.wav"
     ref.write_bytes(reference_wavs()["sine"])
-    extra = ["--bench-audio", str(ref), "--bench-kwargs", '{"max_tokens": 24}']
-    py = _bench("python", "qwen3-tts-base-tiny", tmp_path / "py", *extra, requests=2)
-    assert py.returncode == 0, py.stderr
-    rs = _bench("rust", "qwen3-tts-base-tiny", tmp_path / "rs", *extra, requests=2)
-    assert rs.returncode == 0, rs.stderr
+    extra = ["--bench-audio", str(ref), "--bench-kwargs", json.dumps(kwargs)]
+    runs = {}
+    for runtime in ("python", "rust"):
+        # sampled (seeded per request), not greedy: the tiny model's greedy codes do not depend on the text ids
+        runs[runtime] = _bench(runtime, "qwen3-tts-base-tiny", tmp_path / runtime, *extra, requests=2, greedy=False,
+                               trace_dir=tmp_path / f"{runtime}-trace")
+        assert runs[runtime].returncode == 0, runs[runtime].stderr
+    py, rs = runs["python"], runs["rust"]
     assert "prompts built by the program's preprocess" in rs.stderr  # the reference-audio encoder is Python
     for i in range(2):
         name = f"bench-{i:03d}.wav"
-        assert (tmp_path / "rs" / name).read_bytes() == (tmp_path / "py" / name).read_bytes(), name
+        ours, theirs = (tmp_path / "rust" / name).read_bytes(), (tmp_path / "python" / name).read_bytes()
+        assert len(ours) > 44 + 2000 and ours == theirs, name
     assert _rows(rs.stdout) == _rows(py.stdout)
+    launches = _stage_launches(tmp_path / "rust-trace")
+    assert launches == _stage_launches(tmp_path / "python-trace")
+    assert any(stage == "codec_prime" for _, stage in launches) == primes
 
 
 @pytest.mark.parametrize("builder", ["rust", "python"])
