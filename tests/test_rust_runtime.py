@@ -96,13 +96,18 @@ def test_rust_runtime_refuses_paired_rows_with_a_clear_error(rt, tmp_path: Path)
     assert proc.returncode != 0 and "kv_streams" in proc.stderr and "--runtime python" in proc.stderr
 
 
-CLONE_CASES = {  # bench kwargs of a Qwen3-TTS Base clone, and whether it primes its codec slot (in context)
-    # the streaming-text layout: the prompt's trailing text ids go one per frame through the text column
-    "x-vector": ({"max_tokens": 24}, False),
-    # in context: the reference frames prime the codec slot (codec_prime) in the step that admits it
-    "in-context": ({"max_tokens": 24, "ref_text": "A reference sentence."}, True),
-    "in-context-non-streaming": ({"max_tokens": 24, "ref_text": "A reference sentence.", "non_streaming_mode": True},
-                                 True),
+# Qwen3-TTS's prompt layouts, sampled (seeded per request), not greedy: the tiny models' greedy codes do not
+# depend on the text ids of generated frames. model, bench kwargs, and whether the codec slots are primed.
+LAYOUT_CASES = {
+    # Base, x-vector only, the streaming-text layout (its default): the prompt's trailing text ids go one
+    # per frame through the text column
+    "base-x-vector": ("qwen3-tts-base-tiny", {"max_tokens": 24}, False),
+    # Base in context: the reference frames prime the codec slot (codec_prime) in the step that admits it
+    "base-in-context": ("qwen3-tts-base-tiny", {"max_tokens": 24, "ref_text": "A reference sentence."}, True),
+    "base-in-context-non-streaming": ("qwen3-tts-base-tiny", {"max_tokens": 24, "ref_text": "A reference sentence.",
+                                                              "non_streaming_mode": True}, True),
+    # CustomVoice's streaming-text layout, its prompt (and trailing text ids) built in Rust
+    "custom-streaming-text": ("qwen3-tts-tiny", {"max_tokens": 24, "non_streaming_mode": False}, False),
 }
 
 
@@ -112,23 +117,26 @@ def _stage_launches(trace_dir: Path) -> list[tuple[int, str]]:
     return [(r["step"], r["stage"]) for r in records if r["type"] == "stage"]
 
 
-@pytest.mark.parametrize("case", list(CLONE_CASES))
-def test_rust_bench_voice_clone_matches_python(rt, tmp_path: Path, case: str) -> None:
-    """Qwen3-TTS Base: the reference audio is encoded by the program's Python prompt builder (off the
-    step path); its speaker vector, prompt vectors, trailing text ids and codec prefix go through the Rust
-    scheduler and writer, which launch the same stages in the same steps as the Python runtime."""
-    kwargs, primes = CLONE_CASES[case]
-    ref = tmp_path / "ref.wav"
-    ref.write_bytes(reference_wavs()["sine"])
-    extra = ["--bench-audio", str(ref), "--bench-kwargs", json.dumps(kwargs)]
+@pytest.mark.parametrize("case", list(LAYOUT_CASES))
+def test_rust_bench_qwen3_layouts_match_python(rt, tmp_path: Path, case: str) -> None:
+    """Qwen3-TTS Base clones and the streaming-text layout: a Base clip is encoded by the program's Python
+    prompt builder (off the step path); speaker vectors, prompt vectors, trailing text ids and codec prefixes
+    go through the Rust scheduler and writer, which launch the same stages in the same steps as Python."""
+    model, kwargs, primes = LAYOUT_CASES[case]
+    extra = ["--bench-kwargs", json.dumps(kwargs)]
+    clones = model == "qwen3-tts-base-tiny"
+    if clones:
+        ref = tmp_path / "ref.wav"
+        ref.write_bytes(reference_wavs()["sine"])
+        extra += ["--bench-audio", str(ref)]
     runs = {}
     for runtime in ("python", "rust"):
-        # sampled (seeded per request), not greedy: the tiny model's greedy codes do not depend on the text ids
-        runs[runtime] = _bench(runtime, "qwen3-tts-base-tiny", tmp_path / runtime, *extra, requests=2, greedy=False,
+        runs[runtime] = _bench(runtime, model, tmp_path / runtime, *extra, requests=2, greedy=False,
                                trace_dir=tmp_path / f"{runtime}-trace")
         assert runs[runtime].returncode == 0, runs[runtime].stderr
     py, rs = runs["python"], runs["rust"]
-    assert "prompts built by the program's preprocess" in rs.stderr  # the reference-audio encoder is Python
+    # the reference-audio encoder is Python
+    assert ("prompts built by the program's preprocess" if clones else "prompts built in Rust") in rs.stderr
     for i in range(2):
         name = f"bench-{i:03d}.wav"
         ours, theirs = (tmp_path / "rust" / name).read_bytes(), (tmp_path / "python" / name).read_bytes()

@@ -51,10 +51,17 @@ fn trailing_text(r: &Value) -> Result<Option<TextFeed>, String> {
         None | Some(Value::Null) => return Ok(None),
         Some(v) => v.as_array().ok_or("request.trailing_text is not a list")?,
     };
+    let ids = ids.iter().map(|id| id.as_i64().ok_or("request.trailing_text holds a non-id"))
+        .collect::<Result<Vec<_>, _>>()?;
+    ended_feed(&ids)
+}
+
+/// The text feed of trailing text ids (none without them): all there is, so it has ended.
+pub fn ended_feed(ids: &[i64]) -> Result<Option<TextFeed>, String> {
     if ids.is_empty() {
         return Ok(None);
     }
-    let ids = ids.iter().map(|id| id.as_i64().and_then(|id| i32::try_from(id).ok())
-            .ok_or("request.trailing_text holds a non-id")).collect::<Result<Vec<_>, _>>()?;
+    let ids = ids.iter().map(|&id| i32::try_from(id).map_err(|_| format!("text id {id} does not fit in int32")))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Some(TextFeed { ids, ended: true }))
 }
