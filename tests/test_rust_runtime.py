@@ -222,11 +222,17 @@ def _bench_cuda(runtime: str, model: str, out: Path, *extra: str) -> subprocess.
     ("qwen3-tts-tiny", ["--bench-kwargs", '{"max_tokens": 48}']),
     ("orpheus-tiny", ["--attention-backend", "flashinfer", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']),
     ("orpheus-tiny", ["--disable-cuda-graph", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']),
-], ids=["orpheus", "qwen3", "orpheus-flashinfer", "orpheus-eager"])
+    # an in-context clone: the captured codec_prime graph launched by the Rust driver ("REF": the clip)
+    ("qwen3-tts-base-tiny", ["--bench-audio", "REF", "--bench-kwargs",
+                             '{"max_tokens": 24, "ref_text": "A reference sentence."}']),
+], ids=["orpheus", "qwen3", "orpheus-flashinfer", "orpheus-eager", "qwen3-base-in-context"])
 def test_rust_bench_on_cuda_matches_python(rt, model: str, extra: list[str], tmp_path: Path) -> None:
     """On a GPU the Rust driver copies step_in up and step_out down in one transfer each and launches the
     captured graphs by their exec handles; eager stages and attention planning go through Python on its
     stream. The WAVs equal the Python runtime's, and --trace-dir's stage times are CUDA events."""
+    ref = tmp_path / "ref.wav"
+    ref.write_bytes(reference_wavs()["sine"])
+    extra = [str(ref) if arg == "REF" else arg for arg in extra]
     py = _bench_cuda("python", model, tmp_path / "py", *extra)
     assert py.returncode == 0, py.stderr
     rs = _bench_cuda("rust", model, tmp_path / "rs", *extra, "--trace-dir", str(tmp_path / "trace"))
