@@ -200,6 +200,11 @@ def test_builders_match_the_tiny_programs() -> None:
         fields = {"text": text, "language": "english", "voice": None}
         assert qwen_builder.build(fields) == _rows(qwen.preprocess(fields))
         assert qwen_builder.stable_text_ids(text, 0, False) == qwen.stable_text_ids(text, 0, False)
+        for layout in (True, False):  # non_streaming_mode false: the first text id ends the prompt, the rest trail
+            fields = {"text": text, "language": "english", "non_streaming_mode": layout}
+            want = qwen.preprocess(fields)
+            assert bool(want.trailing_text) != layout, text
+            assert qwen_builder.build_with_trailing(fields) == (_rows(want), list(want.trailing_text)), text
 
 
 def test_bad_inputs_are_value_errors() -> None:

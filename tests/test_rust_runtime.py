@@ -15,9 +15,12 @@ from qwen3_tts_helpers import reference_wavs
 from rust_helpers import require_rt
 
 
-def _bench(runtime: str, model: str, out: Path, *extra: str, requests: int = 4) -> subprocess.CompletedProcess:
+def _bench(runtime: str, model: str, out: Path, *extra: str, requests: int = 4, greedy: bool = True,
+           trace_dir: Path | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "vox_serve.launch", "--runtime", runtime, "--model", model, "--device", "cpu",
-           "--bench-requests", str(requests), "--bench-out", str(out), "--greedy", *extra]
+           "--bench-requests", str(requests), "--bench-out", str(out), *(["--greedy"] if greedy else []), *extra]
+    if trace_dir is not None:
+        cmd += ["--trace-dir", str(trace_dir)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -93,21 +96,55 @@ def test_rust_runtime_refuses_paired_rows_with_a_clear_error(rt, tmp_path: Path)
     assert proc.returncode != 0 and "kv_streams" in proc.stderr and "--runtime python" in proc.stderr
 
 
-def test_rust_bench_voice_clone_matches_python(rt, tmp_path: Path) -> None:
-    """Qwen3-TTS Base: the reference audio is encoded by the program's Python prompt builder (off the
-    step path); its speaker vector and prompt vectors go through the Rust writer."""
-    ref = tmp_path / "ref.wav"
-    ref.write_bytes(reference_wavs()["sine"])
-    extra = ["--bench-audio", str(ref), "--bench-kwargs", '{"max_tokens": 24}']
-    py = _bench("python", "qwen3-tts-base-tiny", tmp_path / "py", *extra, requests=2)
-    assert py.returncode == 0, py.stderr
-    rs = _bench("rust", "qwen3-tts-base-tiny", tmp_path / "rs", *extra, requests=2)
-    assert rs.returncode == 0, rs.stderr
-    assert "prompts built by the program's preprocess" in rs.stderr  # the reference-audio encoder is Python
+# Qwen3-TTS's prompt layouts, sampled (seeded per request), not greedy: the tiny models' greedy codes do not
+# depend on the text ids of generated frames. model, bench kwargs, and whether the codec slots are primed.
+LAYOUT_CASES = {
+    # Base, x-vector only, the streaming-text layout (its default): the prompt's trailing text ids go one
+    # per frame through the text column
+    "base-x-vector": ("qwen3-tts-base-tiny", {"max_tokens": 24}, False),
+    # Base in context: the reference frames prime the codec slot (codec_prime) in the step that admits it
+    "base-in-context": ("qwen3-tts-base-tiny", {"max_tokens": 24, "ref_text": "A reference sentence."}, True),
+    "base-in-context-non-streaming": ("qwen3-tts-base-tiny", {"max_tokens": 24, "ref_text": "A reference sentence.",
+                                                              "non_streaming_mode": True}, True),
+    # CustomVoice's streaming-text layout, its prompt (and trailing text ids) built in Rust
+    "custom-streaming-text": ("qwen3-tts-tiny", {"max_tokens": 24, "non_streaming_mode": False}, False),
+}
+
+
+def _stage_launches(trace_dir: Path) -> list[tuple[int, str]]:
+    (path,) = trace_dir.glob("*.jsonl")
+    records = (json.loads(line) for line in path.read_text().splitlines())
+    return [(r["step"], r["stage"]) for r in records if r["type"] == "stage"]
+
+
+@pytest.mark.parametrize("case", list(LAYOUT_CASES))
+def test_rust_bench_qwen3_layouts_match_python(rt, tmp_path: Path, case: str) -> None:
+    """Qwen3-TTS Base clones and the streaming-text layout: a Base clip is encoded by the program's Python
+    prompt builder (off the step path); speaker vectors, prompt vectors, trailing text ids and codec prefixes
+    go through the Rust scheduler and writer, which launch the same stages in the same steps as Python."""
+    model, kwargs, primes = LAYOUT_CASES[case]
+    extra = ["--bench-kwargs", json.dumps(kwargs)]
+    clones = model == "qwen3-tts-base-tiny"
+    if clones:
+        ref = tmp_path / "ref.wav"
+        ref.write_bytes(reference_wavs()["sine"])
+        extra += ["--bench-audio", str(ref)]
+    runs = {}
+    for runtime in ("python", "rust"):
+        runs[runtime] = _bench(runtime, model, tmp_path / runtime, *extra, requests=2, greedy=False,
+                               trace_dir=tmp_path / f"{runtime}-trace")
+        assert runs[runtime].returncode == 0, runs[runtime].stderr
+    py, rs = runs["python"], runs["rust"]
+    # the reference-audio encoder is Python
+    assert ("prompts built by the program's preprocess" if clones else "prompts built in Rust") in rs.stderr
     for i in range(2):
         name = f"bench-{i:03d}.wav"
-        assert (tmp_path / "rs" / name).read_bytes() == (tmp_path / "py" / name).read_bytes(), name
+        ours, theirs = (tmp_path / "rust" / name).read_bytes(), (tmp_path / "python" / name).read_bytes()
+        assert len(ours) > 44 + 2000 and ours == theirs, name
     assert _rows(rs.stdout) == _rows(py.stdout)
+    launches = _stage_launches(tmp_path / "rust-trace")
+    assert launches == _stage_launches(tmp_path / "python-trace")
+    assert any(stage == "codec_prime" for _, stage in launches) == primes
 
 
 @pytest.mark.parametrize("builder", ["rust", "python"])
@@ -185,11 +222,17 @@ def _bench_cuda(runtime: str, model: str, out: Path, *extra: str) -> subprocess.
     ("qwen3-tts-tiny", ["--bench-kwargs", '{"max_tokens": 48}']),
     ("orpheus-tiny", ["--attention-backend", "flashinfer", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']),
     ("orpheus-tiny", ["--disable-cuda-graph", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']),
-], ids=["orpheus", "qwen3", "orpheus-flashinfer", "orpheus-eager"])
+    # an in-context clone: the captured codec_prime graph launched by the Rust driver ("REF": the clip)
+    ("qwen3-tts-base-tiny", ["--bench-audio", "REF", "--bench-kwargs",
+                             '{"max_tokens": 24, "ref_text": "A reference sentence."}']),
+], ids=["orpheus", "qwen3", "orpheus-flashinfer", "orpheus-eager", "qwen3-base-in-context"])
 def test_rust_bench_on_cuda_matches_python(rt, model: str, extra: list[str], tmp_path: Path) -> None:
     """On a GPU the Rust driver copies step_in up and step_out down in one transfer each and launches the
     captured graphs by their exec handles; eager stages and attention planning go through Python on its
     stream. The WAVs equal the Python runtime's, and --trace-dir's stage times are CUDA events."""
+    ref = tmp_path / "ref.wav"
+    ref.write_bytes(reference_wavs()["sine"])
+    extra = [str(ref) if arg == "REF" else arg for arg in extra]
     py = _bench_cuda("python", model, tmp_path / "py", *extra)
     assert py.returncode == 0, py.stderr
     rs = _bench_cuda("rust", model, tmp_path / "rs", *extra, "--trace-dir", str(tmp_path / "trace"))

@@ -45,7 +45,7 @@ def _request_data(req: Request) -> dict[str, Any]:
         "vectors": [[int(pos), v.astype(np.float32).ravel().tolist()] for pos, v in p.vectors.items()],
         "conditioning": [[name, int(len(v)), v.astype(np.float32).ravel().tolist()]
                          for name, v in p.conditioning.items()],
-        "sampling": _sampling(req.sampling),
+        "sampling": _sampling(req.sampling), "trailing_text": list(p.trailing_text),
     }
 
 

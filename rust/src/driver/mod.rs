@@ -8,3 +8,6 @@ pub mod writer;
 pub use spec::{EngineSpec, LaunchHandle, Stage};
 pub use worker::{EngineWorker, Launcher};
 pub use writer::{AttentionPlan, Launch};
+
+#[cfg(test)]
+mod writer_tests;

@@ -13,6 +13,8 @@ use crate::sched::config::{get, int, string, EngineLimits, ProgramMeta};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
     Prologue,
+    /// Primes the codec slots of the step's admissions that carry a codec prefix (`codec_prefix_frames`).
+    CodecPrime,
     CodecFirst,
     Codec,
     Prefill,
@@ -20,11 +22,12 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 5] = [Stage::Prologue, Stage::CodecFirst, Stage::Codec, Stage::Prefill, Stage::Decode];
+    pub const ALL: [Stage; 6] = [Stage::Prologue, Stage::CodecPrime, Stage::CodecFirst, Stage::Codec, Stage::Prefill, Stage::Decode];
 
     pub fn name(self) -> &'static str {
         match self {
             Stage::Prologue => "prologue",
+            Stage::CodecPrime => "codec_prime",
             Stage::CodecFirst => "codec_first",
             Stage::Codec => "codec",
             Stage::Prefill => "prefill",

@@ -5,9 +5,12 @@
 use super::layout::{ArenaLayout, Field, HostBuf};
 use super::spec::{EngineSpec, Stage};
 use crate::sched::plan::{CodecLaunch, LmLaunch, SlotInit, StepPlan, StepResult};
-use crate::sched::types::NO_SLOT;
+use crate::sched::types::{Conditioning, NO_SLOT};
 
 const NO_SLOT_I: i64 = NO_SLOT as i64;
+/// A request's codec prefix among its conditioning (core/meta.py `CODEC_PREFIX`): frames of codes that
+/// prime its codec slot at admission (the `codec_prime` stage), never a declared slot field.
+pub const CODEC_PREFIX: &str = "codec_prefix";
 
 /// What a launch's attention planner is told (rt/attention/base.py `AttentionPlan`).
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +53,9 @@ struct InFields {
     codec: Vec<[Field; 3]>,
     prefill: [Field; 9],
     prefill_vec: Option<(Field, Field)>,
+    /// `codec_prime_codes` `[max_admits, frames, codes_per_frame]`, `codec_prime_len` (programs that
+    /// declare `codec_prefix_frames`).
+    codec_prime: Option<(Field, Field)>,
 }
 
 const SAMPLING: [&str; 9] = ["prompt_len", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
@@ -80,6 +86,7 @@ pub struct StepWriter {
     decode_buckets: super::spec::StageSpec,
     codec_buckets: Vec<(Stage, super::spec::StageSpec)>,
     prefill_buckets: super::spec::StageSpec,
+    prime_buckets: Option<super::spec::StageSpec>,
     max_batch: usize,
     max_codec_batch: usize,
     max_prefill_seqs: usize,
@@ -95,6 +102,7 @@ struct Ends {
     decode: usize,
     codec: Vec<usize>,
     prefill: usize,
+    codec_prime: usize,
 }
 
 impl StepWriter {
@@ -124,6 +132,13 @@ impl StepWriter {
         } else {
             None
         };
+        let (codec_prime, prime_buckets) = if a.has("codec_prime_codes") {
+            (Some((a.field("codec_prime_codes")?.clone(), a.field("codec_prime_len")?.clone())),
+             Some(spec.stage(Stage::CodecPrime)?.clone()))
+        } else {
+            (None, None)
+        };
+        let codec_prime_end = if codec_prime.is_some() { a.end_of("codec_prime_len")? } else { 0 };
         let last_prefill = if prefill_vec.is_some() { "prefill_vec" } else { "prefill_tok_slot" };
         let prefill_spec = spec.stage(Stage::Prefill)?.clone();
         let f = InFields {
@@ -139,14 +154,16 @@ impl StepWriter {
                                 "prefill_kv_indptr", "prefill_last_page_len", "prefill_ids", "prefill_pos",
                                 "prefill_tok_slot"])?,
             prefill_vec,
+            codec_prime,
         };
         Ok(StepWriter {
             ends: Ends { pages: a.end_of("page_id")?, decode: a.end_of("decode_last_page_len")?, codec: codec_ends,
-                         prefill: a.end_of(last_prefill)? },
+                         prefill: a.end_of(last_prefill)?, codec_prime: codec_prime_end },
             f,
             decode_buckets: spec.stage(Stage::Decode)?.clone(),
             codec_buckets,
             captured_prefill: prefill_spec.captured_seqs.is_some(),
+            prime_buckets,
             prefill_buckets: prefill_spec,
             max_batch: spec.limits.max_batch,
             max_codec_batch: spec.limits.max_codec_batch,
@@ -160,13 +177,22 @@ impl StepWriter {
 
     /// Fill host buffer `h` for `plan`; returns its launches in order and the bytes to upload.
     pub fn write(&self, h: HostBuf, plan: &StepPlan) -> Result<(Vec<Launch>, usize), String> {
-        let mut launches = Vec::with_capacity(5);
-        let mut end = 0;
+        let mut launches = Vec::with_capacity(6);
+        let (mut end, mut primed_end) = (0, 0);
         if !plan.admits.is_empty() || !plan.pages.is_empty() {
-            self.admits(h, &plan.admits)?;
+            // The admissions that carry a codec prefix come first (a stable sort, as the Python writer's),
+            // so a codec_prime launch of bucket b primes admit rows 0..b-1.
+            let mut admits: Vec<&SlotInit> = plan.admits.iter().collect();
+            admits.sort_by_key(|a| codec_prefix(a).is_none());
+            self.admits(h, &admits)?;
             self.pages(h, plan)?;
             launches.push(Launch::bare(Stage::Prologue, 1));
             end = self.ends.pages;
+            let num_primed = admits.iter().take_while(|a| codec_prefix(a).is_some()).count();
+            if num_primed > 0 {
+                launches.push(self.codec_prefixes(h, &admits[..num_primed])?);
+                primed_end = self.ends.codec_prime;
+            }
         }
         if !plan.codec.is_empty() {
             for (i, launch) in self.codec(h, &plan.codec)? {
@@ -182,10 +208,10 @@ impl StepWriter {
             launches.push(self.decode(h, &plan.decode)?);
             end = end.max(self.ends.decode);
         }
-        Ok((launches, end))
+        Ok((launches, end.max(primed_end)))
     }
 
-    fn admits(&self, h: HostBuf, admits: &[SlotInit]) -> Result<(), String> {
+    fn admits(&self, h: HostBuf, admits: &[&SlotInit]) -> Result<(), String> {
         let (n, cap) = (admits.len(), self.f.admit_slot.len());
         if n > cap {
             return Err(format!("{n} admissions in one step; the engine takes {cap}"));
@@ -217,6 +243,35 @@ impl StepWriter {
             }
         }
         Ok(())
+    }
+
+    /// The codec prefixes of admit rows 0..n-1 and the codec_prime launch; rows past n get length 0
+    /// (no-ops; the rest of a row's frames is never read).
+    fn codec_prefixes(&self, h: HostBuf, primed: &[&SlotInit]) -> Result<Launch, String> {
+        let ((codes, lengths), buckets) = match (&self.f.codec_prime, &self.prime_buckets) {
+            (Some(fields), Some(buckets)) => (fields, buckets),
+            _ => return Err(format!("a request carries {CODEC_PREFIX}, which this program does not declare \
+                                     (meta.layout.codec_prefix_frames)")),
+        };
+        let (frames, row_len) = (codes.shape.get(1).copied().unwrap_or(0), codes.row_len());
+        for (i, a) in primed.iter().enumerate() {
+            let prefix = codec_prefix(a).expect("primed admissions carry a codec prefix");
+            if prefix.rows > frames {
+                return Err(format!("{CODEC_PREFIX} of {} frames exceeds the declared {frames}", prefix.rows));
+            }
+            if prefix.values.len() * frames != prefix.rows * row_len {
+                return Err(format!("{CODEC_PREFIX}: {} codes do not make {} whole frames", prefix.values.len(),
+                                   prefix.rows));
+            }
+            for (j, &code) in prefix.values.iter().enumerate() {
+                h.set_i(codes, i * row_len + j, code as i64);
+            }
+            h.set_i(lengths, i, prefix.rows as i64);
+        }
+        for i in primed.len()..lengths.len() {
+            h.set_i(lengths, i, 0);
+        }
+        Ok(Launch::bare(Stage::CodecPrime, buckets.bucket(primed.len())?))
     }
 
     fn pages(&self, h: HostBuf, plan: &StepPlan) -> Result<(), String> {
@@ -341,6 +396,11 @@ impl StepWriter {
         };
         Ok(Launch { num_seqs: Some(seqs), attention: Some(attention), ..Launch::bare(Stage::Prefill, bucket) })
     }
+}
+
+/// An admission's codec prefix, when it carries one of at least a frame.
+fn codec_prefix(a: &SlotInit) -> Option<&Conditioning> {
+    a.conditioning.iter().find(|c| c.name == CODEC_PREFIX && c.rows > 0)
 }
 
 /// Reads a step's outputs from a `step_out` host buffer (rt/step_writer.py `StepReader`).

@@ -138,6 +138,26 @@ impl PromptBuilder {
         }
     }
 
+    /// The prompt rows of a request and its trailing text ids, as the program's `preprocess` (not
+    /// for voice clones): Qwen3-TTS CustomVoice / VoiceDesign with `non_streaming_mode` false end
+    /// the prompt with the first text id and feed the rest one per generated frame
+    /// (`Prompt.trailing_text`); every other prompt has none.
+    pub fn build_with_trailing(&self, fields: &Value) -> Result<(Vec<Vec<i64>>, Vec<i64>), PromptError> {
+        let streaming_text = match self {
+            PromptBuilder::Qwen3(q) if q.ids.model_type != "base" => {
+                fields.get("non_streaming_mode").and_then(Value::as_bool) == Some(false)
+            }
+            _ => false,
+        };
+        if !streaming_text {
+            return Ok((self.build(fields)?, Vec::new()));
+        }
+        let q = self.qwen3("build_with_trailing")?;
+        let mut texts = q.text_ids(required_text(fields, "text")?);
+        let trailing = texts.split_off(1);
+        Ok((q.streaming(&Self::qwen3_request(q, fields)?, texts[0])?, trailing))
+    }
+
     /// A Base request's (rows, speaker row); `ref_codes` (the reference audio's frames) are needed
     /// for in-context cloning and ignored in x-vector-only mode.
     pub fn build_clone(&self, fields: &Value, ref_codes: Option<&[Vec<i64>]>) -> Result<(Vec<Vec<i64>>, usize), PromptError> {

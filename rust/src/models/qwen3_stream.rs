@@ -3,7 +3,7 @@
 
 use crate::tokenizer::Tokenizer;
 
-use super::qwen3_tts::{Qwen3Prompt, Qwen3Request, ASSISTANT_HEAD};
+use super::qwen3_tts::{Qwen3Prompt, Qwen3Request, ASSISTANT_HEAD, ASSISTANT_TAIL};
 use super::{py_slice, PromptError};
 
 /// The text after the turn's `<|im_start|>`: the special tokens around the text split the tokenizer's
@@ -66,6 +66,14 @@ impl Qwen3Prompt {
     pub fn streaming(&self, req: &Qwen3Request, first_text_id: i64) -> Result<Vec<Vec<i64>>, PromptError> {
         let rows = self.build(&Qwen3Request { text: "", ..req.clone() })?;
         Ok(self.first_text_row(rows, first_text_id))
+    }
+
+    /// A whole text's ids and tts_eos (stream.py `text_ids`): what the streaming-text layout
+    /// (`non_streaming_mode` false) pairs with codec rows or trails, one per generated frame.
+    pub fn text_ids(&self, text: &str) -> Vec<i64> {
+        let mut ids = py_slice(&self.assistant_turn(text), ASSISTANT_HEAD, -ASSISTANT_TAIL);
+        ids.push(self.ids.tts_eos);
+        ids
     }
 
     /// An x-vector-only clone's input-streaming prompt and its speaker row.

@@ -147,6 +147,13 @@ impl PyPromptBuilder {
         py.allow_threads(|| self.inner.build(&fields)).map_err(prompt_err)
     }
 
+    /// (rows, trailing text ids) of a request's fields: the program's `preprocess` prompt and its
+    /// `trailing_text` (Qwen3-TTS's streaming-text layout, `non_streaming_mode` false; else empty).
+    fn build_with_trailing(&self, py: Python, fields: &PyAny) -> PyResult<(Vec<Vec<i64>>, Vec<i64>)> {
+        let fields = to_json(fields)?;
+        py.allow_threads(|| self.inner.build_with_trailing(&fields)).map_err(prompt_err)
+    }
+
     /// A voice clone's (rows, speaker row) given the reference codes (None: x-vector only).
     fn build_clone(&self, py: Python, fields: &PyAny, ref_codes: Option<Vec<Vec<i64>>>) -> PyResult<(Vec<Vec<i64>>, usize)> {
         let fields = to_json(fields)?;

@@ -76,12 +76,13 @@ pub fn field_message(e: &PromptError, fields: &Value) -> String {
 /// The request of validated fields (rust_host.py `bench_request_fields`), its prompt built here.
 pub fn request(builder: &PromptBuilder, item: &Value) -> Result<Request, String> {
     let fields = item.get("fields").ok_or("request.fields is missing")?;
-    let rows = builder.build(fields).map_err(|e| field_message(&e, fields))?;
+    let (rows, trailing) = builder.build_with_trailing(fields).map_err(|e| field_message(&e, fields))?;
     let prompt = Prompt::from_rows(&rows)?;
     let mut req = super::requests::request(&serde_json::json!({
         "req_id": item.get("req_id"), "streaming": item.get("streaming"), "ids": [[0]], "vectors": [],
         "conditioning": [], "sampling": item.get("sampling"),
     }))?;
     req.prompt = prompt;
+    req.text_feed = super::requests::ended_feed(&trailing)?;
     Ok(req)
 }

@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use crate::sched::config::{boolean, float, get, int, string};
-use crate::sched::types::{Conditioning, Prompt, Request, SamplingParams};
+use crate::sched::types::{Conditioning, Prompt, Request, SamplingParams, TextFeed};
 
 fn floats(v: &Value, what: &str) -> Result<Vec<f32>, String> {
     v.as_array().ok_or(format!("{what} is not a list"))?.iter()
@@ -38,5 +38,30 @@ pub fn request(r: &Value) -> Result<Request, String> {
         prompt.conditioning.push(Conditioning { name: name.to_string(), rows, values });
     }
     let streaming = r.get("streaming").and_then(Value::as_bool).unwrap_or(true);
-    Ok(Request::new(string(r, p, "req_id")?, prompt, sampling(get(r, p, "sampling")?)?, streaming))
+    let mut req = Request::new(string(r, p, "req_id")?, prompt, sampling(get(r, p, "sampling")?)?, streaming);
+    req.text_feed = trailing_text(r)?;
+    Ok(req)
+}
+
+/// A prompt's trailing text ids (`Prompt.trailing_text`: one per generated row, for a model with a
+/// streamed text column) as the text feed of a request whose text has ended (request_builder.py
+/// `new_request`); none without them.
+fn trailing_text(r: &Value) -> Result<Option<TextFeed>, String> {
+    let ids = match r.get("trailing_text") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => v.as_array().ok_or("request.trailing_text is not a list")?,
+    };
+    let ids = ids.iter().map(|id| id.as_i64().ok_or("request.trailing_text holds a non-id"))
+        .collect::<Result<Vec<_>, _>>()?;
+    ended_feed(&ids)
+}
+
+/// The text feed of trailing text ids (none without them): all there is, so it has ended.
+pub fn ended_feed(ids: &[i64]) -> Result<Option<TextFeed>, String> {
+    if ids.is_empty() {
+        return Ok(None);
+    }
+    let ids = ids.iter().map(|&id| i32::try_from(id).map_err(|_| format!("text id {id} does not fit in int32")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(TextFeed { ids, ended: true }))
 }
