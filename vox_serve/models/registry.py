@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,44 +26,26 @@ class BuildArgs:
 
 @dataclass(frozen=True)
 class ModelFamily:
+    """A model family: its loader (`module:function`, imported when first built, so a server loads only
+    the code of the model it serves) and the context length used when --max-model-len is not given."""
+
     name: str
     default_max_model_len: int
-    build: Callable[[BuildArgs], Program]
+    loader: str
 
-
-def _build_orpheus(a: BuildArgs) -> Program:
-    from vox_serve.models.orpheus.loader import load_orpheus
-
-    return load_orpheus(a.name, a.load_format, a.device, a.dtype, a.seed,
-                        a.max_model_len or FAMILIES["orpheus"].default_max_model_len, a.codec_path)
-
-
-def _build_qwen3_tts(a: BuildArgs) -> Program:
-    from vox_serve.models.qwen3_tts.loader import load_qwen3_tts
-
-    return load_qwen3_tts(a.name, a.load_format, a.device, a.dtype, a.seed,
-                          a.max_model_len or FAMILIES["qwen3-tts"].default_max_model_len, a.codec_path)
-
-
-def _build_zonos(a: BuildArgs) -> Program:
-    from vox_serve.models.zonos.loader import load_zonos
-
-    return load_zonos(a.name, a.load_format, a.device, a.dtype, a.seed,
-                      a.max_model_len or FAMILIES["zonos"].default_max_model_len, a.codec_path)
-
-
-def _build_csm(a: BuildArgs) -> Program:
-    from vox_serve.models.csm.loader import load_csm
-
-    return load_csm(a.name, a.load_format, a.device, a.dtype, a.seed,
-                    a.max_model_len or FAMILIES["csm"].default_max_model_len, a.codec_path)
+    def build(self, a: BuildArgs) -> Program:
+        module, function = self.loader.split(":")
+        load = getattr(importlib.import_module(module), function)
+        return load(a.name, a.load_format, a.device, a.dtype, a.seed, a.max_model_len or self.default_max_model_len,
+                    a.codec_path)
 
 
 FAMILIES: dict[str, ModelFamily] = {
-    "orpheus": ModelFamily("orpheus", 4096, _build_orpheus),
-    "qwen3-tts": ModelFamily("qwen3-tts", 4096, _build_qwen3_tts),
-    "zonos": ModelFamily("zonos", 4096, _build_zonos),
-    "csm": ModelFamily("csm", 2048, _build_csm),  # the released backbone's max_position_embeddings
+    "orpheus": ModelFamily("orpheus", 4096, "vox_serve.models.orpheus.loader:load_orpheus"),
+    "qwen3-tts": ModelFamily("qwen3-tts", 4096, "vox_serve.models.qwen3_tts.loader:load_qwen3_tts"),
+    "zonos": ModelFamily("zonos", 4096, "vox_serve.models.zonos.loader:load_zonos"),
+    # the released backbone's max_position_embeddings
+    "csm": ModelFamily("csm", 2048, "vox_serve.models.csm.loader:load_csm"),
 }
 
 
