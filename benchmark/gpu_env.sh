@@ -27,3 +27,14 @@ save_fi_modules() {  # pack the modules this call compiled as $OUT/fiaot.tgz (<n
 pack_out() {  # many files do not come back from the device machine: pack directories into one archive
   (cd "$OUT" && tar czf runs.tgz --remove-files "$@" 2>/dev/null; ls -la runs.tgz)
 }
+start_server() {  # LOG PORT CMD...: start the server in the background (SERVER_PID), wait for /health
+  local log=$1 port=$2; shift 2
+  "$@" > "$log" 2>&1 &
+  SERVER_PID=$!
+  for _ in $(seq 1 240); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
+    kill -0 "$SERVER_PID" 2>/dev/null || { echo "server exited:"; tail -5 "$log"; return 1; }
+    sleep 1
+  done
+  echo "server not ready after 240 s"; return 1
+}

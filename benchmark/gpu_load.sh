@@ -8,13 +8,7 @@ source "$(dirname "$0")/gpu_env.sh"
 MODEL=${MODEL:-orpheus}; NAME=${NAME:-$MODEL}; MAX_TOKENS=${MAX_TOKENS:-1024}; PORT=${PORT:-8000}
 SERVER=(python3 -m vox_serve.launch --model "$MODEL" --load-format dummy --device cuda --max-model-len "${MAX_MODEL_LEN:-1152}"
         --max-batch-size "${MAX_BATCH:-256}" --max-codec-batch "${MAX_BATCH:-256}" --port "$PORT" ${SERVER_EXTRA:-})
-"${SERVER[@]}" > "$OUT/${NAME}_server.log" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 1 240); do
-  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
-  kill -0 "$SERVER_PID" 2>/dev/null || { echo "server exited:"; tail -5 "$OUT/${NAME}_server.log"; exit 1; }
-  sleep 1
-done
+start_server "$OUT/${NAME}_server.log" "$PORT" "${SERVER[@]}" || exit 1
 grep -E "weights|KV cache" "$OUT/${NAME}_server.log" | tail -1 | cut -c1-300
 SETTINGS="${SERVER[*]}"
 L=(python3 benchmark/load.py --url "http://127.0.0.1:$PORT" --max-tokens "$MAX_TOKENS" --settings "$SETTINGS" ${LOAD_EXTRA:-})
