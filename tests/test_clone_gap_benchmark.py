@@ -28,4 +28,6 @@ def test_the_benchmark_runs_streams_and_clips_to_the_end(inline: bool) -> None:
     row = clone_gap.run(args)
     assert row["inline"] is inline and row["streams"] == 2 and row["chunk_audio_ms"] > 0
     assert row["encoding_window_ms"] > 0 and row["longest_gap_before_ms"] > 0
-    assert row["longest_gap_while_encoding_ms"] >= 0
+    # the streams were mid-stream when the clips came (2 of their 3 chunks sent): a chunk interval spans
+    # the encoding window, so the gap measured there is a real one
+    assert row["longest_gap_while_encoding_ms"] > 0
