@@ -220,7 +220,9 @@ def _bench_cuda(runtime: str, model: str, out: Path, *extra: str) -> subprocess.
 @pytest.mark.parametrize("model,extra", [
     ("orpheus-tiny", ["--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']),
     ("qwen3-tts-tiny", ["--bench-kwargs", '{"max_tokens": 48}']),
-    ("orpheus-tiny", ["--attention-backend", "flashinfer", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']),
+    # FlashInfer needs head_dim 64/128/256: the full-size model with dummy weights
+    ("orpheus", ["--attention-backend", "flashinfer", "--load-format", "dummy", "--max-model-len", "512",
+                 "--max-batch-size", "8", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']),
     ("orpheus-tiny", ["--disable-cuda-graph", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']),
     # an in-context clone: the captured codec_prime graph launched by the Rust driver ("REF": the clip)
     ("qwen3-tts-base-tiny", ["--bench-audio", "REF", "--bench-kwargs",

@@ -15,7 +15,7 @@ from dac_helpers import save, tiny_reference
 from safetensors.torch import load_file
 from zonos_helpers import FIXTURES, generate, scenario_sampling
 
-from tests.engine_helpers import make_loop
+from tests.engine_helpers import build_program, make_loop
 from vox_serve.codecs.dac.decoder import load_dac, receptive_field
 from vox_serve.codecs.dac.stream import decode_windows
 from vox_serve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, VoxConfig
@@ -131,7 +131,6 @@ def test_zonos_tiny_graphs_equal_eager(backend: str, dtype: str) -> None:
     """zonos-tiny (head_dim 64) from the registry: graphs == eager tokens with each attention backend
     (FlashInfer plans 2 * bucket attention rows; it needs a 16-bit type)."""
     from vox_serve.config import EngineConfig
-    from vox_serve.engine.build import build_program
 
     if backend == "flashinfer" and not flashinfer_available():
         pytest.skip("flashinfer not installed")

@@ -104,8 +104,9 @@ class ZonosProgram(Program):
 
     def reset_slots(self, slots: Tensor) -> None:
         frames = self.state["num_frames"][slots, 0].long()
-        self.remaining[slots] = frames + DELAY_STEPS  # delay.decode_steps, per row
-        self.stopping[slots] = False
+        # graph-safe: index_copy_ / index_fill_ take no host tensor (a `[slots] = False` would copy one)
+        self.remaining.index_copy_(0, slots, frames + DELAY_STEPS)  # delay.decode_steps, per row
+        self.stopping.index_fill_(0, slots, False)
 
     def state_bytes(self) -> int:
         return super().state_bytes() + sum(t.numel() * t.element_size() for t in (self.remaining, self.stopping))
