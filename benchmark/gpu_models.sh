@@ -7,11 +7,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmark/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-if [ "${PART:-tests}" = tests ]; then
+if [ "${PART:-tests}" = tests ] || [ "${PART:-}" = both ]; then
   VOX_REQUIRE_RT=1 timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=0 \
-    tests/test_zonos_gpu.py tests/test_paired_rows.py tests/test_csm_gpu.py tests/test_rust_runtime.py \
-    tests/test_gpu.py -k "${TEST_FILTER:-csm or codec_priming or zonos or paired or rust}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
-  exit 0
+    ${TESTS:-tests/test_zonos_gpu.py tests/test_paired_rows.py tests/test_csm_gpu.py tests/test_rust_runtime.py \
+    tests/test_gpu.py} -k "${TEST_FILTER:-csm or codec_priming or zonos or paired or rust}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  [ "${PART:-tests}" = tests ] && exit 0
 fi
 bench() {  # runtime model n max_tokens extra...: bench mode (no HTTP), per-request TTFA and RTF
   local runtime=$1 model=$2 n=$3 tokens=$4; shift 4
@@ -23,10 +23,11 @@ bench() {  # runtime model n max_tokens extra...: bench mode (no HTTP), per-requ
 }
 for runtime in ${RUNTIMES:-python rust}; do
   for spec in ${MODELS:-"orpheus:1176" "qwen3-tts:128" "csm:125" "zonos:430"}; do
-    model=${spec%%:*} tokens=${spec##*:}
+    model=${spec%%:*} tokens=${spec##*:} extra=()
+    [ "$model" = qwen3-tts ] && extra=(--first-chunk-frames 2 --detokenize-interval 5)
     [ "$runtime" = rust ] && [ "$model" = zonos ] && continue  # refused by the Rust runtime (paired rows)
-    bench "$runtime" "$model" 1 "$tokens"
-    [ "${SKIP_BATCH:-0}" = 1 ] || bench "$runtime" "$model" 64 "$tokens"
+    bench "$runtime" "$model" 1 "$tokens" "${extra[@]}"
+    [ "${SKIP_BATCH:-0}" = 1 ] || bench "$runtime" "$model" 64 "$tokens" "${extra[@]}"
   done
 done
 (cd "$OUT" && tar czf results.tgz ./*.log ./*.txt 2>/dev/null && ls -la results.tgz)

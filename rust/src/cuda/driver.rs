@@ -79,6 +79,8 @@ driver_api! {
     ctx_set_current: "cuCtxSetCurrent" => fn(CuContext);
     graph_launch: "cuGraphLaunch" => fn(CuGraphExec, CuStream);
     memcpy_htod_async: "cuMemcpyHtoDAsync_v2" => fn(CuDevicePtr, *const c_void, usize, CuStream);
+    mem_host_alloc: "cuMemHostAlloc" => fn(*mut *mut c_void, usize, c_uint);
+    mem_free_host: "cuMemFreeHost" => fn(*mut c_void);
     memcpy_dtoh_async: "cuMemcpyDtoHAsync_v2" => fn(*mut c_void, CuDevicePtr, usize, CuStream);
     stream_synchronize: "cuStreamSynchronize" => fn(CuStream);
     event_create: "cuEventCreate" => fn(*mut CuEvent, c_uint);

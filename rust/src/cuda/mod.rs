@@ -121,6 +121,47 @@ pub fn stream_synchronize(device: i32, stream: u64) -> CudaResult<()> {
     check(api, unsafe { (api.stream_synchronize)(stream as CuStream) }, "cuStreamSynchronize")
 }
 
+/// Page-locked host memory (`cuMemHostAlloc`, portable), zeroed, freed on drop: what asynchronous
+/// host-to-device copies read from without staging.
+pub struct PinnedHost {
+    device: i32,
+    ptr: usize,
+    len: usize,
+}
+
+impl PinnedHost {
+    pub fn new(device: i32, len: usize) -> CudaResult<PinnedHost> {
+        let api = bind(device)?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; flag 1 = CU_MEMHOSTALLOC_PORTABLE.
+        check(api, unsafe { (api.mem_host_alloc)(&mut ptr, len.max(1), 1) }, "cuMemHostAlloc")?;
+        // SAFETY: the allocation is len bytes long.
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, len) };
+        Ok(PinnedHost { device, ptr: ptr as usize, len })
+    }
+
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr as *mut u8
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        if let Ok(api) = bind(self.device) {
+            // SAFETY: allocated by cuMemHostAlloc and freed once.
+            unsafe { (api.mem_free_host)(self.ptr as *mut c_void) };
+        }
+    }
+}
+
 /// A CUDA event of one device, destroyed on drop.
 pub struct Event {
     device: i32,

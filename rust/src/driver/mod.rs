@@ -1,6 +1,7 @@
 //! The engine driver: an engine served from its spec alone (docs/engine-contract.md).
 
 pub mod layout;
+pub mod planners;
 pub mod spec;
 pub mod worker;
 pub mod writer;
@@ -10,4 +11,4 @@ pub use worker::{EngineWorker, Launcher};
 pub use writer::{AttentionPlan, Launch};
 
 #[cfg(test)]
-mod writer_tests;
+pub(crate) mod writer_tests;

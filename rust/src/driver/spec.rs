@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::layout::ArenaLayout;
+use super::planners::{Geometry, Planners};
 use crate::sched::config::{get, int, string, EngineLimits, ProgramMeta};
 
 /// The launches of a step, in launch order (`core/stages.py` `Stage`).
@@ -77,6 +78,9 @@ pub struct EngineSpec {
     pub attention_backend: String,
     pub planner: String,
     pub page_size: i64,
+    pub geometry: Geometry,
+    /// FlashInfer's wrappers of the captured LM launches (empty for other backends).
+    pub planners: Planners,
 }
 
 fn stage_spec(name: &str, entry: &Value) -> Result<StageSpec, String> {
@@ -136,6 +140,8 @@ impl EngineSpec {
             attention_backend: string(attention, "attention.", "backend")?,
             planner: string(attention, "attention.", "planner")?,
             page_size: int(attention, "attention.", "page_size")?,
+            geometry: Geometry::from_json(attention)?,
+            planners: Planners::from_json(attention)?,
         })
     }
 

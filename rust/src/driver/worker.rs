@@ -5,7 +5,7 @@
 //! CUDA graphs and copies through the driver API, or callables through Python on a CPU device.
 
 use super::layout::HostBuf;
-use super::spec::{EngineSpec, Stage};
+use super::spec::EngineSpec;
 use super::writer::{AttentionPlan, Launch, PlanShape, StepReader, StepWriter};
 use crate::sched::engine_loop::Worker;
 use crate::sched::plan::{StepPlan, StepResult};
@@ -16,7 +16,8 @@ pub trait Launcher {
     fn timer(&self) -> &'static str;
     /// Host buffer `parity` of step_in -> the device (first `nbytes`); a no-op on a CPU device.
     fn upload(&mut self, parity: usize, nbytes: usize) -> Result<(), String>;
-    fn plan_attention(&mut self, stage: Stage, plan: &AttentionPlan, parity: usize) -> Result<(), String>;
+    /// Plan the attention of an LM launch (`plan` is `launch.attention`) before it runs.
+    fn plan_attention(&mut self, launch: &Launch, plan: &AttentionPlan, parity: usize) -> Result<(), String>;
     /// Run the launch's handle; returns its wall seconds where the launcher times by wall clock.
     fn run(&mut self, parity: usize, launch: &Launch) -> Result<Option<f64>, String>;
     /// step_out's device buffer -> host buffer `parity` (first `nbytes`), then an event behind it.
@@ -64,7 +65,7 @@ impl<L: Launcher> Worker for EngineWorker<L> {
         let mut seconds = Vec::with_capacity(launches.len());
         for launch in &launches {
             if let Some(attention) = &launch.attention {
-                self.launcher.plan_attention(launch.stage, attention, parity)?;
+                self.launcher.plan_attention(launch, attention, parity)?;
             }
             if let Some(wall) = self.launcher.run(parity, launch)? {
                 seconds.push((launch.stage.name(), wall));

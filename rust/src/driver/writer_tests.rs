@@ -55,7 +55,8 @@ fn step_in(primes: bool) -> ArenaLayout {
     arena(&f)
 }
 
-fn spec(primes: bool) -> EngineSpec {
+/// A hand-made spec (torch backend, page size 4, decode buckets 1, 2, 4; a prefill bucket of 16 tokens).
+pub(crate) fn spec(primes: bool) -> EngineSpec {
     let meta = json!({"name": "t", "sample_rate": 8, "input_columns": 1, "codes_per_step": CODES,
                       "codes_per_frame": CODES, "samples_per_frame": 4, "frames_per_chunk": 2,
                       "codec_lookback_frames": 0, "codec_lookahead_frames": 0, "skip_leading_frames": 0,
@@ -71,7 +72,8 @@ fn spec(primes: bool) -> EngineSpec {
     }
     EngineSpec { engine_id: 0, device: "cpu".into(), meta: ProgramMeta::from_json(&meta).unwrap(),
                  limits: EngineLimits::from_json(&limits).unwrap(), step_in: step_in(primes), step_out: arena(&[]),
-                 stages, attention_backend: "torch".into(), planner: String::new(), page_size: 4 }
+                 stages, attention_backend: "torch".into(), planner: String::new(), page_size: 4,
+                 geometry: Default::default(), planners: Default::default() }
 }
 
 fn admit(slot: usize, prefix: &[[i32; CODES]]) -> SlotInit {

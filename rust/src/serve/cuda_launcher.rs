@@ -1,14 +1,18 @@
 //! Launches on a CUDA device: one host-to-device copy of step_in, graphs launched by their exec
 //! handles through the driver API, one device-to-host copy of step_out with an event behind it.
-//! Stages the spec gives as callables (an eager prefill, --disable-cuda-graph) and attention
-//! planning go through Python on the same stream (vox_serve/rust_host.py) -- planning with the
-//! Rust FlashInfer shim is not wired yet.
+//! Captured LM launches are planned here: FlashInfer's by its planners compiled into the extension
+//! (`attention_plan.rs`), the torch backend's need no plan (its graphs gather every page column).
+//! Stages the spec gives as callables (an eager prefill, --disable-cuda-graph) and their attention
+//! plans go through Python on the same stream (vox_serve/rust_host.py).
 
 use std::collections::HashMap;
 
+use super::attention_plan::{regions_needed, HostRegions, LaunchPlanner};
 use super::py_launcher::PyHandles;
-use crate::cuda::{self, CudaError, Event};
+use crate::cuda::{self, CudaError, Event, PinnedHost};
+use crate::driver::layout::HostBuf;
 use crate::driver::{AttentionPlan, EngineSpec, Launch, LaunchHandle, Launcher, Stage};
+use crate::planner::PlannerDevice;
 
 fn err(e: CudaError) -> String {
     e.0
@@ -26,6 +30,51 @@ pub struct CudaLauncher {
     done: Vec<Event>,
     /// (parity, stage) -> events around the launch, when stage times are measured.
     timing: Option<HashMap<(usize, Stage), (Event, Event)>>,
+    /// Who plans captured LM launches.
+    planning: GraphPlanning,
+}
+
+/// How the captured LM launches of an engine are planned.
+pub enum GraphPlanning {
+    /// The torch backend's graphs read no host plan.
+    Unplanned,
+    /// FlashInfer's planners in Rust; the pinned regions they write stay alive with them.
+    Rust(Box<LaunchPlanner>, PinnedHost),
+    /// Through the spec's Python planner handle (and why not in Rust).
+    Python(String),
+}
+
+impl GraphPlanning {
+    fn of(spec: &EngineSpec, device: i32) -> GraphPlanning {
+        if spec.attention_backend == "torch" {
+            return GraphPlanning::Unplanned;
+        }
+        let rust = || -> Result<GraphPlanning, String> {
+            let props = cuda::device_props(device).map_err(err)?;
+            let dev = PlannerDevice { num_sm: props.num_sm, cc_major: props.cc_major, cc_minor: props.cc_minor,
+                                      decode_blocks_per_sm: 1 };
+            let pinned = PinnedHost::new(device, regions_needed(&spec.planners)).map_err(err)?;
+            let regions = HostRegions { base: pinned.as_mut_ptr(), len: pinned.len() };
+            let planner = LaunchPlanner::new(spec, dev, regions)?;
+            eprintln!("vox-serve: captured flashinfer launches are planned in Rust (FlashInfer {}, decode kernel \
+                       occupancy {} blocks/SM)", crate::planner::flashinfer_version(), planner.decode_blocks_per_sm());
+            Ok(GraphPlanning::Rust(Box::new(planner), pinned))
+        };
+        rust().unwrap_or_else(|why| {
+            eprintln!("vox-serve: warning: captured {} launches are planned through Python: {why}",
+                      spec.attention_backend);
+            GraphPlanning::Python(why)
+        })
+    }
+
+    /// "rust", "none" or "python": who plans captured launches (for the start-up report and tests).
+    pub fn name(&self) -> &'static str {
+        match self {
+            GraphPlanning::Unplanned => "none",
+            GraphPlanning::Rust(..) => "rust",
+            GraphPlanning::Python(_) => "python",
+        }
+    }
 }
 
 impl CudaLauncher {
@@ -52,9 +101,14 @@ impl CudaLauncher {
         } else {
             None
         };
+        let planning = GraphPlanning::of(spec, device);
         Ok(CudaLauncher { device, stream, in_dev: spec.step_in.device_ptr, in_host: spec.step_in.host_ptrs.clone(),
                           out_dev: spec.step_out.device_ptr, out_host: spec.step_out.host_ptrs.clone(), graphs,
-                          handles, done, timing })
+                          handles, done, timing, planning })
+    }
+
+    pub fn planning(&self) -> &GraphPlanning {
+        &self.planning
     }
 }
 
@@ -67,8 +121,21 @@ impl Launcher for CudaLauncher {
         cuda::memcpy_htod_async(self.device, self.in_dev, self.in_host[parity], nbytes, self.stream).map_err(err)
     }
 
-    fn plan_attention(&mut self, stage: Stage, plan: &AttentionPlan, parity: usize) -> Result<(), String> {
-        self.handles.plan(stage, plan, parity)
+    fn plan_attention(&mut self, launch: &Launch, plan: &AttentionPlan, parity: usize) -> Result<(), String> {
+        if !self.graphs.contains_key(&(launch.stage, launch.bucket)) {
+            return self.handles.plan(launch.stage, plan, parity);
+        }
+        match &mut self.planning {
+            GraphPlanning::Unplanned => Ok(()),
+            GraphPlanning::Python(_) => self.handles.plan(launch.stage, plan, parity),
+            GraphPlanning::Rust(planner, _) => {
+                let h = HostBuf { base: self.in_host[parity] as *mut u8 };
+                for c in planner.plan(launch, h, parity)? {
+                    cuda::memcpy_htod_async(self.device, c.dst, c.src, c.nbytes, self.stream).map_err(err)?;
+                }
+                Ok(())
+            }
+        }
     }
 
     fn run(&mut self, parity: usize, launch: &Launch) -> Result<Option<f64>, String> {

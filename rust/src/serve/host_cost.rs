@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::driver::{AttentionPlan, EngineSpec, EngineWorker, Launch, Launcher, Stage};
+use crate::driver::{AttentionPlan, EngineSpec, EngineWorker, Launch, Launcher};
 use crate::sched::engine_loop::Worker;
 use crate::sched::{Clock, Prompt, Request, SamplingParams, Scheduler, SchedulerConfig};
 
@@ -21,7 +21,7 @@ impl Launcher for NullLauncher {
         Ok(())
     }
 
-    fn plan_attention(&mut self, _stage: Stage, _plan: &AttentionPlan, _parity: usize) -> Result<(), String> {
+    fn plan_attention(&mut self, _launch: &Launch, _plan: &AttentionPlan, _parity: usize) -> Result<(), String> {
         Ok(())
     }
 

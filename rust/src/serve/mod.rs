@@ -2,6 +2,7 @@
 //! engine is built by `vox_serve.engine.build_engine` in this interpreter; a scheduler thread then
 //! serves it from its spec alone. This build serves bench mode; HTTP serving is the next issue.
 
+pub mod attention_plan;
 pub mod bench;
 pub mod cuda_launcher;
 pub mod host_cost;

@@ -73,8 +73,8 @@ impl Launcher for PyLauncher {
         Ok(())
     }
 
-    fn plan_attention(&mut self, stage: Stage, plan: &AttentionPlan, parity: usize) -> Result<(), String> {
-        self.handles.plan(stage, plan, parity)
+    fn plan_attention(&mut self, launch: &Launch, plan: &AttentionPlan, parity: usize) -> Result<(), String> {
+        self.handles.plan(launch.stage, plan, parity)
     }
 
     fn run(&mut self, _parity: usize, launch: &Launch) -> Result<Option<f64>, String> {

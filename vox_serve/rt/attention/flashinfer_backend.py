@@ -113,10 +113,17 @@ class FlashInferAttentionBackend(AttentionBackend):
         functions and uploads the integer workspace itself (engine spec `attention.planners`)."""
         def buffers(wrapper: Any) -> dict[str, Any]:
             names = ("_float_workspace_buffer", "_int_workspace_buffer", "_pin_memory_int_workspace_buffer",
-                     "_paged_kv_indptr_buf", "_paged_kv_last_page_len_buf", "_paged_kv_indices_buf", "_qo_indptr_buf")
+                     "_paged_kv_indptr_buf", "_paged_kv_last_page_len_buf", "_paged_kv_indices_buf", "_qo_indptr_buf",
+                     "_kv_lens_buffer")
             out = {n.strip("_"): {"ptr": t.data_ptr(), "nbytes": t.numel() * t.element_size()}
                    for n in names if isinstance(t := getattr(wrapper, n, None), Tensor)}
-            return {"backend": str(getattr(wrapper, "_backend", "")), **out}
+            # In graph mode a wrapper's plan info (what its captured kernels were launched with) depends on
+            # its fixed sizes only; a runtime planning by itself checks every plan against it.
+            info = getattr(wrapper, "_plan_info", None)
+            return {"backend": str(getattr(wrapper, "_backend", "")), **out,
+                    "plan_info": [int(v) for v in info] if info is not None else None,
+                    "rows": getattr(wrapper, "_fixed_batch_size", None),
+                    "max_total_num_rows": getattr(wrapper, "_max_total_num_rows", None)}
 
         decode = "decode_tensor_cores" if self._tensor_cores else "decode"
         return {"decode": {str(rows): {"planner": decode, **buffers(w)} for rows, w in self._decode.items()},
