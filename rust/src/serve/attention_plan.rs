@@ -113,8 +113,10 @@ impl LaunchPlanner {
         Ok(planner)
     }
 
-    pub fn decode_blocks_per_sm(&self) -> i32 {
-        self.device.decode_blocks_per_sm
+    /// The decode kernel occupancy found (None: no CUDA-core decode wrapper needs it).
+    pub fn decode_blocks_per_sm(&self) -> Option<i32> {
+        let used = self.planners.decode.values().any(|w| w.kind == PlannerKind::Decode);
+        if used { Some(self.device.decode_blocks_per_sm) } else { None }
     }
 
     /// The decode kernel's blocks per SM: the first occupancy that reproduces every captured CUDA-core
@@ -296,7 +298,7 @@ mod tests {
     #[test]
     fn finds_the_decode_occupancy_the_captured_plans_were_made_with() {
         let (s, mut memory) = (flashinfer_spec(), Vec::new());
-        assert_eq!(planner_of(&s, &mut memory).unwrap().decode_blocks_per_sm(), BLOCKS);
+        assert_eq!(planner_of(&s, &mut memory).unwrap().decode_blocks_per_sm(), Some(BLOCKS));
     }
 
     #[test]

@@ -56,8 +56,10 @@ impl GraphPlanning {
             let pinned = PinnedHost::new(device, regions_needed(&spec.planners)).map_err(err)?;
             let regions = HostRegions { base: pinned.as_mut_ptr(), len: pinned.len() };
             let planner = LaunchPlanner::new(spec, dev, regions)?;
-            eprintln!("vox-serve: captured flashinfer launches are planned in Rust (FlashInfer {}, decode kernel \
-                       occupancy {} blocks/SM)", crate::planner::flashinfer_version(), planner.decode_blocks_per_sm());
+            let occupancy = planner.decode_blocks_per_sm()
+                .map_or(String::new(), |b| format!(", decode kernel occupancy {b} blocks/SM"));
+            eprintln!("vox-serve: captured flashinfer launches are planned in Rust (FlashInfer {}{occupancy})",
+                      crate::planner::flashinfer_version());
             Ok(GraphPlanning::Rust(Box::new(planner), pinned))
         };
         rust().unwrap_or_else(|why| {

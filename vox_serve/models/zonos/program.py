@@ -159,8 +159,7 @@ class ZonosProgram(Program):
     def _decode_logits(self, guided: Tensor, b: LmBatch) -> Tensor:
         """Decode steps: EOS only in codebook 0 (and not there while the row may not stop), then the penalty."""
         logits = sampling.ban_eos_after_head0(guided)
-        no_stop = torch.zeros_like(logits[0], dtype=torch.bool)
-        no_stop[0, EOS_ID] = True
+        no_stop = sampling.entry_mask(logits.shape[1:], codebooks=slice(0, 1), device=logits.device)
         logits = logits.masked_fill(no_stop[None] & ~b.allow_stop[:, None, None], float("-inf"))
         return sampling.repetition_penalty(logits, self._history(b), b.sampling.repetition_penalty)
 

@@ -72,9 +72,16 @@ def guided_logits(cond: Tensor, uncond: Tensor, cfg_scale: Tensor, width: int) -
 
 def ban_eos_after_head0(logits: Tensor) -> Tensor:
     """Decode steps: only codebook 0 may predict EOS. logits [N, 9, W] -> same, out of place."""
-    banned = torch.zeros(logits.shape[1:], dtype=torch.bool, device=logits.device)
-    banned[1:, EOS_ID] = True
-    return logits.masked_fill(banned, float("-inf"))
+    return logits.masked_fill(entry_mask(logits.shape[1:], codebooks=slice(1, None), device=logits.device),
+                              float("-inf"))
+
+
+def entry_mask(shape: torch.Size, codebooks: slice, device: torch.device) -> Tensor:
+    """[9, W] bool: True at EOS of the given codebooks. Built from comparisons, not item assignment: a
+    `mask[k, EOS_ID] = True` copies a host scalar, which CUDA graph capture refuses."""
+    rows = torch.arange(shape[0], device=device)
+    picked = (rows >= (codebooks.start or 0)) & (rows < (shape[0] if codebooks.stop is None else codebooks.stop))
+    return picked[:, None] & (torch.arange(shape[1], device=device) == EOS_ID)[None, :]
 
 
 def repetition_penalty(logits: Tensor, history: Tensor, penalty: Tensor) -> Tensor:
