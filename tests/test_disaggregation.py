@@ -18,17 +18,16 @@ import soundfile
 import torch
 
 from tests.engine_helpers import make_loop, prepare
+from tests.orpheus_helpers import run_requests
 from vox_serve import launch
 from vox_serve.cli import PY, RS, CliError, check_flags, given_flags, python_only_flags
 from vox_serve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, VoxConfig
 from vox_serve.core.meta import CODEC_PREFIX
 from vox_serve.core.plan import LmLaunch, PageUpdates, SlotInit, StepPlan
-from vox_serve.core.request import Request, SamplingParams
 from vox_serve.core.stages import EngineHalf, Stage
 from vox_serve.engine.build import load_program
 from vox_serve.engine.disagg import split_program
 from vox_serve.engine.registry import get_engine
-from vox_serve.request_builder import build_request
 from vox_serve.worker.disagg_worker import split_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,12 +88,8 @@ def test_the_halves_own_distinct_state_and_the_codec_reads_only_the_hand_over() 
     assert set(worker.lm.buckets) == {Stage.PROLOGUE, Stage.PREFILL, Stage.DECODE, Stage.CODEC}
     assert set(worker.codec.buckets) == {Stage.PROLOGUE, Stage.CODEC}
 
-    req = build_request(program.meta, program.preprocess, {"text": "Hello.", **BENCH}, "r0", greedy=True, seed=0)
-    chunks: list[bytes] = []
-    req.sink = lambda r, pcm, final: pcm and chunks.append(pcm)
-    loop.scheduler.add_request(req)
-    loop.run_until_idle()
-    assert req.error is None and len(chunks) >= 2
+    (req,) = run_requests(program, config, [{"text": "Hello.", **BENCH}], loop=loop)
+    assert len(req.extra["chunks"]) >= 2
     assert lm.state.codes.abs().sum() > 0
     assert codec.state.codes.abs().sum() == 0  # every code the codec decoded came through the hand-over
 
@@ -155,14 +150,8 @@ def test_the_first_codec_chunk_crosses_too() -> None:
         if not split:
             prepare(program, cfg)
         loop = make_loop(program, cfg, disaggregated=split)
-        req = Request("r", program.preprocess({"text": "Hi."}), SamplingParams(temperature=0.0, max_tokens=70,
-                                                                                ignore_eos=True))
-        chunks: list[bytes] = []
-        req.sink = lambda r, pcm, final, chunks=chunks: pcm and chunks.append(pcm)
-        loop.scheduler.add_request(req)
-        loop.run_until_idle()
-        assert req.error is None
-        audio.append(chunks)
+        (req,) = run_requests(program, cfg, [{"text": "Hi.", "max_tokens": 70, "ignore_eos": True}], loop=loop)
+        audio.append(req.extra["chunks"])
     spf = program.meta.samples_per_frame
     assert len(audio[0]) >= 3 and len(audio[0][0]) == 2 * spf < len(audio[0][1])  # a one-frame first chunk
     assert audio[1] == audio[0]

@@ -12,10 +12,10 @@ import torch
 from http_harness import generate_concurrently, parse_wav, running_server, wait_until
 
 from tests.engine_helpers import make_loop, prepare
+from tests.orpheus_helpers import run_requests
 from vox_serve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, VoxConfig
 from vox_serve.engine.build import load_program
 from vox_serve.engine.registry import get_engine
-from vox_serve.request_builder import build_request
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
@@ -34,17 +34,9 @@ def _audio(config: VoxConfig, n: int = 3) -> tuple[list[bytes], object]:
     if not config.engine.enable_disaggregation:
         prepare(program, config)
     loop = make_loop(program, config, disaggregated=config.engine.enable_disaggregation)
-    reqs = []
-    for i in range(n):
-        fields = {"text": f"Request number {i}, on two GPUs.", "max_tokens": 70, "ignore_eos": True}
-        req = build_request(program.meta, program.preprocess, fields, f"r{i}", greedy=True, seed=i)
-        req.extra["pcm"] = []
-        req.sink = lambda r, pcm, final: pcm and r.extra["pcm"].append(pcm)
-        loop.scheduler.add_request(req)
-        reqs.append(req)
-    loop.run_until_idle()
-    assert all(r.error is None for r in reqs), [r.error for r in reqs]
-    return [b"".join(r.extra["pcm"]) for r in reqs], loop.worker
+    fields = [{"text": f"Request number {i}, on two GPUs.", "max_tokens": 70, "ignore_eos": True} for i in range(n)]
+    reqs = run_requests(program, config, fields, loop=loop)
+    return [b"".join(r.extra["chunks"]) for r in reqs], loop.worker
 
 
 @pytest.mark.parametrize("model", ["orpheus-tiny", "qwen3-tts-tiny", "csm-tiny"])
