@@ -59,6 +59,9 @@ def split_program(program: Program, codec_device: torch.device) -> tuple[Program
         raise ValueError(f"the program is already the {program.half} half of a disaggregated engine")
     for module in program.codec_modules():
         move_module(module, codec_device)
+    if program.device.type == "cuda" and program.device.index is None:
+        # an explicit index, so that each half is driven with its own device current (rt/device.py)
+        program.device = torch.device("cuda", torch.cuda.current_device())
     codec = copy.copy(program)  # shares the modules; setup gives it its own state, arenas and pools
     codec.device, codec.half = torch.device(codec_device), EngineHalf.CODEC
     program.half = EngineHalf.LM
