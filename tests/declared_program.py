@@ -83,6 +83,9 @@ class DeclaredProgram(Program):
         kind = torch.full_like(frame[:, 0], int(OutKind.AUDIO))
         return LmSample(tokens=frame, codes=frame, kind=kind, latents=last @ self.w_latent)
 
+    def codec_modules(self) -> list[torch.nn.Module]:
+        return []  # the codec is a formula over plain tensors (and the slots' conditioning)
+
     def decode_audio(self, window: CodecWindow, frames: int) -> torch.Tensor:
         st = self.state
         cond = self.cond_mean(st["cond"][window.slot], st["cond_len"][window.slot]).mean(-1)

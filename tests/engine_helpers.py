@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from vox_serve.config import VoxConfig
@@ -11,6 +12,7 @@ from vox_serve.engine.spec import engine_spec
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.rt.program import Program
 from vox_serve.scheduler.factory import make_scheduler
+from vox_serve.worker.disagg_worker import DisaggregatedWorker
 from vox_serve.worker.engine_worker import EngineWorker
 
 
@@ -35,7 +37,14 @@ def engine_worker(program: Program, **options: Any) -> EngineWorker:
     return EngineWorker(spec_of(program), **options)
 
 
-def make_loop(program: Program, config: VoxConfig, record: bool = True, **options: Any) -> EngineLoop:
-    """The Python runtime's loop over the program's engine (recording outputs by default)."""
+def make_loop(program: Program, config: VoxConfig, record: bool = True, disaggregated: bool = False,
+              **options: Any) -> EngineLoop:
+    """The Python runtime's loop over the program's engine (recording outputs by default). `disaggregated`:
+    build the program as a disaggregated engine (both halves on its device) instead of `prepare`."""
+    if disaggregated:
+        config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, enable_disaggregation=True))
+        worker = DisaggregatedWorker(engine_of_program(program, config, report=False))
+    else:
+        worker = engine_worker(program)
     scheduler = make_scheduler(program.meta, program.limits, config.scheduler)
-    return EngineLoop(scheduler, engine_worker(program), record=record, **options)
+    return EngineLoop(scheduler, worker, record=record, **options)

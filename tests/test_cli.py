@@ -61,9 +61,10 @@ def test_rust_only_flag_rejected_when_python_is_explicit() -> None:
 
 
 def test_unimplemented_flag_rejected_clearly() -> None:
-    with pytest.raises(CliError, match="not implemented yet"):
-        check_flags(given_flags(["--enable-disaggregation"]), "python", rust_missing=True)
-    assert main(["--runtime", "python", "--enable-disaggregation"]) == 2
+    for flag in (["--codec-gpu", "1"], ["--codec-sms", "32"]):
+        with pytest.raises(CliError, match=f"{flag[0]} is not implemented yet in the rust runtime$"):
+            check_flags(given_flags(flag), "rust", rust_missing=False)
+    assert main(["--runtime", "rust", "--codec-gpu", "1", "--bench-requests", "1"]) == 2
 
 
 @pytest.mark.parametrize("argv,match", [

@@ -49,10 +49,12 @@ def _expected_pcm(program: DeclaredProgram, prompt: Prompt, codes: list[list[int
     return b"".join(out)
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_declared_fields_flow_through_the_engine(async_scheduling: bool) -> None:
-    program = prepare(DeclaredProgram(), CONFIG)
-    loop = make_loop(program, CONFIG, async_scheduling=async_scheduling)
+@pytest.mark.parametrize("async_scheduling,disaggregated", [(False, False), (True, False), (False, True), (True, True)])
+def test_declared_fields_flow_through_the_engine(async_scheduling: bool, disaggregated: bool) -> None:
+    """Also disaggregated: the latents reach the codec half through the hand-over, the conditioning through
+    its own copy of the admissions."""
+    program = DeclaredProgram() if disaggregated else prepare(DeclaredProgram(), CONFIG)
+    loop = make_loop(program, CONFIG, async_scheduling=async_scheduling, disaggregated=disaggregated)
     reqs = []
     for i, prompt in enumerate(_prompts()):
         req = Request(f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))

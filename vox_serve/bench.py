@@ -17,7 +17,7 @@ from vox_serve.progress import Progress
 from vox_serve.request_builder import FieldError, build_request
 from vox_serve.rt.program import Program
 from vox_serve.scheduler.factory import make_scheduler
-from vox_serve.worker.engine_worker import EngineWorker
+from vox_serve.worker.disagg_worker import make_worker
 
 
 def set_cpu_threads(config: VoxConfig) -> None:
@@ -56,7 +56,7 @@ def build_loop(config: VoxConfig, progress: Progress | None = None, record: bool
     events; always with --trace-dir), for /metrics."""
     program, spec = build_engine_shown(config, progress or Progress())
     timed = time_stages or config.scheduler.trace_dir is not None
-    worker = EngineWorker(spec, time_stages=timed, nvtx=config.engine.enable_nvtx)
+    worker = make_worker(spec, time_stages=timed, nvtx=config.engine.enable_nvtx)
     scheduler = make_scheduler(worker.meta, worker.limits, config.scheduler)
     return EngineLoop(scheduler, worker, nvtx=config.engine.enable_nvtx, record=record), program
 

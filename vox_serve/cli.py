@@ -45,14 +45,21 @@ class Flag:
     kwargs: dict[str, Any] = field(default_factory=dict)
     runtimes: frozenset[str] = BOTH
     implemented: bool = True
+    implemented_in: frozenset[str] | None = None  # the runtimes (of `runtimes`) that serve it; None: all
 
     @property
     def dest(self) -> str:
         return self.names[0].lstrip("-").replace("-", "_")
 
+    def serves(self, runtime: str) -> bool:
+        """Whether `runtime` has this flag and serves it in this build."""
+        return (runtime in self.runtimes and self.implemented
+                and (self.implemented_in is None or runtime in self.implemented_in))
 
-def _f(*names: str, runtimes: frozenset[str] = BOTH, implemented: bool = True, **kwargs: Any) -> Flag:
-    return Flag(names, kwargs, runtimes, implemented)
+
+def _f(*names: str, runtimes: frozenset[str] = BOTH, implemented: bool = True,
+       implemented_in: frozenset[str] | None = None, **kwargs: Any) -> Flag:
+    return Flag(names, kwargs, runtimes, implemented, implemented_in)
 
 
 RUST_ONLY = frozenset({RS})
@@ -100,8 +107,9 @@ FLAGS: tuple[Flag, ...] = (
        help="plan the next step while the GPU runs the current one"),
     # several GPUs
     _f("--dp-size", type=int, default=1, help="replicas, one per GPU"),
-    _f("--enable-disaggregation", action="store_true", implemented=False,
-       help="LM on GPU 0, codec on GPU 1"),
+    _f("--enable-disaggregation", action="store_true", implemented_in=PY_ONLY,
+       help="the LM on GPU 0 and the codec on GPU 1 (with --dp-size N: replica i on GPUs 2i and 2i+1; "
+            "on a CPU both halves run on the CPU)"),
     # server
     _f("--host", default="127.0.0.1", help="HTTP bind address"),
     _f("--port", type=int, default=8000, help="HTTP port"),
@@ -186,8 +194,10 @@ def build_parser(runtime: str | None) -> argparse.ArgumentParser:
         help_text = kwargs.pop("help", "")
         if default not in (None, False):
             help_text = f"{help_text} (default: {default})".strip()
-        if not flag.implemented:
+        if not flag.implemented or (runtime is not None and not flag.serves(runtime)):
             help_text = f"{help_text} [not implemented yet]".strip()
+        elif runtime is None and flag.implemented_in is not None:
+            help_text = f"{help_text} [{', '.join(sorted(flag.implemented_in))} runtime only]".strip()
         parser.add_argument(*flag.names, help=help_text or None, **kwargs)
     parser.add_argument("--version", action="version", version=f"vox-serve {__version__}")
     return parser
@@ -204,6 +214,13 @@ def _defaults() -> dict[str, Any]:
 def given_flags(argv: list[str]) -> dict[str, Any]:
     """Flags present on the command line, parsed with the union parser."""
     return vars(build_parser(None).parse_args(argv))
+
+
+def python_only_flags(given: dict[str, Any]) -> list[str]:
+    """The flags given (and set) that the Python runtime serves and the Rust runtime does not: with
+    `--runtime auto` they make the Python runtime serve."""
+    return [_FLAG_BY_DEST[d].names[0] for d, v in given.items()
+            if v and _FLAG_BY_DEST[d].serves(PY) and not _FLAG_BY_DEST[d].serves(RS)]
 
 
 def check_flags(given: dict[str, Any], runtime: str, rust_missing: bool) -> tuple[dict[str, Any], list[str]]:
@@ -224,6 +241,10 @@ def check_flags(given: dict[str, Any], runtime: str, rust_missing: bool) -> tupl
             raise CliError(f"{name} is not a flag of the {runtime} runtime")
         if not flag.implemented:
             raise CliError(f"{name} is not implemented yet in the {runtime} runtime")
+        if value and not flag.serves(runtime):
+            others = " or ".join(sorted(flag.implemented_in or ()))
+            raise CliError(f"{name} is not implemented yet in the {runtime} runtime; the {others} runtime serves it "
+                           f"(--runtime {others})")
         kept[dest] = value
     _check_values(kept)
     return kept, warnings
@@ -327,7 +348,7 @@ def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
             deadline_prefill_ms=v["deadline_prefill_ms"],
         ),
         engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"], v["enable_nvtx"],
-                            prompt_builder=v["prompt_builder"]),
+                            prompt_builder=v["prompt_builder"], enable_disaggregation=v["enable_disaggregation"]),
         bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"],
                           audio=v["bench_audio"]),
         server=ServerConfig(

@@ -107,6 +107,7 @@ class EngineConfig:
     disable_cuda_graph: bool = False
     enable_nvtx: bool = False  # NVTX ranges around stage launches and scheduling (for nsys)
     prompt_builder: str | None = None  # Rust runtime: "python" builds prompts with the program's preprocess
+    enable_disaggregation: bool = False  # the LM on one device, the codec on the next (engine/disagg.py)
 
 
 @dataclass(frozen=True)

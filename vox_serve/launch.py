@@ -9,7 +9,17 @@ import sys
 from typing import Any
 
 from vox_serve import __version__
-from vox_serve.cli import PY, RS, CliError, build_config, build_parser, check_flags, given_flags, warn
+from vox_serve.cli import (
+    PY,
+    RS,
+    CliError,
+    build_config,
+    build_parser,
+    check_flags,
+    given_flags,
+    python_only_flags,
+    warn,
+)
 
 RUST_NEXT_STEP = ("To build it, install a Rust toolchain (cargo) and the CUDA 12 toolkit (nvcc, found through "
                   "CUDA_HOME), then run `pip install -e .` again; or serve now with --runtime python")
@@ -78,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
             runtime = requested if requested in (PY, RS) else PY
             build_parser(runtime).parse_args(["--help"])
         runtime, reason = select_runtime(requested, bench)
+        python_only = python_only_flags(given_flags(argv))
+        if requested == "auto" and runtime == RS and python_only:
+            runtime, reason = PY, f"serving with the Python runtime: {', '.join(python_only)} is served by it only"
         if reason:
             warn(reason)
         kept, warnings = check_flags(given_flags(argv), runtime, rust_missing=requested == "auto")

@@ -486,18 +486,22 @@ def _with_voice(preprocess: Preprocess, voice: VoicePrompt) -> Preprocess:
 
 
 def replica_config(config: VoxConfig, replica: int) -> VoxConfig:
-    """The config of one replica: replica i runs on GPU i (CPU replicas share the CPU)."""
+    """The config of one replica: replica i runs on GPU i, or with --enable-disaggregation on the pair of GPUs
+    2i (its LM) and 2i + 1 (its codec; engine/disagg.py); CPU replicas share the CPU."""
     device, dp_size = config.model.device, config.server.dp_size
     if device == "cpu" or device.startswith("cuda:"):
         return config
     import torch
 
-    if device == "auto" and not torch.cuda.is_available():
+    per_replica = 2 if config.engine.enable_disaggregation else 1
+    needed, visible = dp_size * per_replica, torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "auto" and not visible:
         device = "cpu"
-    elif torch.cuda.device_count() < dp_size:
-        raise RuntimeError(f"--dp-size {dp_size} needs {dp_size} GPUs; {torch.cuda.device_count()} visible")
+    elif visible < needed:
+        what = " (an LM GPU and a codec GPU each: --enable-disaggregation)" if per_replica == 2 else ""
+        raise RuntimeError(f"--dp-size {dp_size} needs {needed} GPUs{what}; {visible} visible")
     else:
-        device = f"cuda:{replica}"
+        device = f"cuda:{replica * per_replica}"
     return replace(config, model=replace(config.model, device=device))
 
 

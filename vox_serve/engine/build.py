@@ -20,11 +20,13 @@ import torch
 
 from vox_serve.config import ConfigError, VoxConfig
 from vox_serve.core.meta import EngineLimits
+from vox_serve.core.stages import EngineHalf
 from vox_serve.engine.capture import StageGraphs, bucket_sizes, capture_all, warm_up
 from vox_serve.models.registry import BuildArgs
 from vox_serve.models.registry import build_program as build_model_program
 from vox_serve.rt.attention import make_attention_backend
 from vox_serve.rt.checkpoint import pick_device, pick_dtype
+from vox_serve.rt.device import device_scope
 from vox_serve.rt.program import Program, Stage
 
 log = logging.getLogger(__name__)
@@ -109,20 +111,23 @@ def size_kv_cache(program: Program, config: VoxConfig, activation_peak: int) -> 
 
 
 def prepare_engine(program: Program, config: VoxConfig, engine_id: int) -> Engine:
-    """Give a freshly loaded program its state, KV cache and (on a GPU) its CUDA graphs."""
+    """Give a freshly loaded program its state, KV cache and (on a GPU) its CUDA graphs. A disaggregated
+    engine's codec half keeps the placeholder KV cache: it runs no LM stage."""
     on_cuda = program.device.type == "cuda"
     _attention(program, config, PLACEHOLDER_PAGES)
     program.setup(engine_limits(program, config, PLACEHOLDER_PAGES))
-    buckets = stage_buckets(program)
+    buckets = {s: b for s, b in stage_buckets(program).items() if program.half.runs(s)}
     peak = warm_up(program, buckets) if on_cuda else 0
-    num_pages = size_kv_cache(program, config, peak)
-    _attention(program, config, num_pages)
-    program.limits = dataclasses.replace(program.limits, num_pages=num_pages)
+    if program.half.has_lm:
+        num_pages = size_kv_cache(program, config, peak)
+        _attention(program, config, num_pages)
+        program.limits = dataclasses.replace(program.limits, num_pages=num_pages)
     engine = Engine(engine_id, program, config, buckets)
     if on_cuda and not config.engine.disable_cuda_graph:
         engine.graphs = capture_all(program, _captured(program, buckets))
+    arenas = [*program.arenas.values(), *([program.handover] if program.handover is not None else [])]
     engine.memory = {"weights_bytes": program.weights_bytes(), "state_bytes": program.state_bytes(),
-                     "arena_bytes": sum(a.nbytes for a in program.arenas.values()),
+                     "arena_bytes": sum(a.nbytes for a in arenas),
                      "kv_bytes": program.attention.memory_bytes(), "activation_peak_bytes": peak,
                      "graph_bytes": engine.graphs.memory_bytes if engine.graphs else 0}
     return engine
@@ -151,14 +156,20 @@ def startup_report(engine: Engine) -> str:
     p, lim, m = engine.program, engine.limits, engine.memory
     mib = 2**20
     graphs, streams = engine.graphs, lim.kv_streams
+    stages = f"{len(graphs.graphs)} CUDA graphs {graphs.memory_bytes / mib:.0f} MiB" if graphs else "eager stages"
+    half = "" if p.half is EngineHalf.WHOLE else f" ({p.half} half)"
+    if not p.half.has_lm:  # a codec half: no KV cache, weights counted by the LM half (they are shared)
+        return (f"model {p.meta.name}{half} on {p.device}: request state {m['state_bytes'] / mib:.0f} MiB, arenas "
+                f"{m['arena_bytes'] / mib:.1f} MiB, activation peak {m['activation_peak_bytes'] / mib:.0f} MiB, "
+                f"{stages}")
     return (
-        f"model {p.meta.name} on {p.device} ({str(p.dtype).removeprefix('torch.')}): weights "
+        f"model {p.meta.name}{half} on {p.device} ({str(p.dtype).removeprefix('torch.')}): weights "
         f"{m['weights_bytes'] / mib:.0f} MiB, request state {m['state_bytes'] / mib:.0f} MiB ({lim.slots} slots), "
         f"arenas {m['arena_bytes'] / mib:.1f} MiB,"
         f" activation peak {m['activation_peak_bytes'] / mib:.0f} MiB, KV cache {m['kv_bytes'] / mib:.0f} MiB "
         f"({lim.num_pages - 1} pages of {lim.page_size} tokens = {(lim.num_pages - 1) * lim.page_size // streams} "
         f"concurrent tokens{f' of {streams} KV streams each' if streams > 1 else ''}), attention {p.attention.name}, "
-        + (f"{len(graphs.graphs)} CUDA graphs {graphs.memory_bytes / mib:.0f} MiB" if graphs else "eager stages")
+        + stages
     )
 
 
@@ -169,11 +180,18 @@ def build_engine(config: VoxConfig) -> dict[str, Any]:
 
 
 def engine_of_program(program: Program, config: VoxConfig, report: bool = True) -> dict[str, Any]:
-    """`build_engine` for a program already loaded (tests load theirs from a reference checkpoint)."""
+    """`build_engine` for a program already loaded (tests load theirs from a reference checkpoint). With
+    `--enable-disaggregation`, the spec of a disaggregated engine (`engine/disagg.py`)."""
     from vox_serve.engine.registry import register
     from vox_serve.engine.spec import engine_spec
 
-    engine = register(lambda engine_id: prepare_engine(program, config, engine_id))
+    if config.engine.enable_disaggregation and program.half is EngineHalf.WHOLE:
+        from vox_serve.engine.disagg import disaggregated_spec
+
+        return disaggregated_spec(program, config)
+
+    with device_scope(program.device):
+        engine = register(lambda engine_id: prepare_engine(program, config, engine_id))
     if report:
         print(startup_report(engine), file=sys.stderr)
     return engine_spec(engine)

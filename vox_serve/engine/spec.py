@@ -111,5 +111,7 @@ def engine_spec(engine: Engine) -> dict[str, Any]:
                          "first_chunk_frames": lim.first_frames,
                          "edges": "a frame before 0 repeats frame 0; a frame at or past window_end repeats the last"},
         "memory": engine.memory,
+        "half": str(program.half),
+        "handover": program.handover.layout() if program.handover is not None else None,
         "cuda": {"torch_cuda": torch.version.cuda} if program.device.type == "cuda" else {},
     }

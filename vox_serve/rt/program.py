@@ -14,7 +14,13 @@ bucket), so each (stage, bucket) pair is capturable as a CUDA graph:
   turned into PCM by the program's `decode_audio`.
 
 A model program implements `lm_step`, `decode_audio`, `kv_geometry` and `preprocess` (and, for a
-stateful codec, `allocate` and `reset_slots`); the rest is here.
+stateful codec, `allocate_codec` and `reset_codec_slots`); the rest is here.
+
+Disaggregation (`EngineHalf`, `engine/disagg.py`): the same program object is split into an LM half and
+a codec half, each with its own device, slot state and arenas. What a program declares decides what goes
+where: `codec_modules` (moved to the codec device), `allocate` / `reset_slots` (LM-side pools, such as a
+depth transformer's KV or a stop rule's counters) and `allocate_codec` / `reset_codec_slots` / `prime_codec`
+(the codec's streaming state). The halves' stages are the base class's; no model code changes per half.
 """
 
 from __future__ import annotations
@@ -27,13 +33,13 @@ from torch import Tensor
 
 from vox_serve.core.meta import EngineLimits, ProgramMeta
 from vox_serve.core.request import Prompt
-from vox_serve.core.stages import Stage
+from vox_serve.core.stages import EngineHalf, Stage
 from vox_serve.rt.arena import Arena
 from vox_serve.rt.attention import AttentionBackend
-from vox_serve.rt.codec_window import CodecWindow, codec_window
+from vox_serve.rt.codec_window import CodecWindow, codec_window, gather_window_inputs, hand_over, handed_over
 from vox_serve.rt.lm_batch import LaunchSource, LmBatch, LmSample, decode_batch, prefill_batch
 from vox_serve.rt.slot_state import SAMPLING_FIELDS, SlotState
-from vox_serve.rt.step_fields import step_input_fields, step_output_fields
+from vox_serve.rt.step_fields import handover_fields, step_input_fields, step_output_fields
 
 
 class Program(ABC):
@@ -44,11 +50,13 @@ class Program(ABC):
     limits: EngineLimits
     state: SlotState
     arenas: dict[str, Arena]
+    half: EngineHalf = EngineHalf.WHOLE
 
     def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
         self.kv_indices: dict[str, Tensor | None] = {}
+        self.handover: Arena | None = None  # a disaggregated half's codec-row inputs (`handover_fields`)
 
     # ---- set-up (once, before any capture) ------------------------------------------------
     def setup(self, limits: EngineLimits) -> None:
@@ -65,10 +73,23 @@ class Program(ABC):
             stage: torch.zeros(rows * pages, dtype=torch.int32, device=dev) if self.attention.needs_kv_indices else None
             for stage, rows in (("decode", limits.max_batch), ("prefill", limits.max_prefill_seqs))
         }
-        self.allocate(limits)
+        if self.half is not EngineHalf.WHOLE:
+            self.handover = Arena("handover", handover_fields(m, limits), dev)
+        if self.half.has_lm:
+            self.allocate(limits)
+        if self.half.has_codec:
+            self.allocate_codec(limits)
 
     def allocate(self, limits: EngineLimits) -> None:  # noqa: B027 - optional hook
-        """Program-owned state at its maximum size (depth-transformer KV, codec slot pools)."""
+        """Program-owned state of the LM stages at its maximum size (depth-transformer KV, stop counters)."""
+
+    def allocate_codec(self, limits: EngineLimits) -> None:  # noqa: B027 - optional hook
+        """Program-owned state of the codec stages at its maximum size (a stateful codec's slot pools)."""
+
+    def codec_modules(self) -> list[torch.nn.Module]:
+        """The modules the codec stages run (a disaggregated engine moves them to the codec device)."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare its codec modules (codec_modules), "
+                                  "so it cannot be disaggregated")
 
     def state_bytes(self) -> int:
         """Device bytes of the request state (slot tables and the program's pools)."""
@@ -103,7 +124,10 @@ class Program(ABC):
         valid = raw >= 0  # padded entries rewrite the scratch row's first entry with the null page
         index = torch.where(valid, a["page_index"], 0).long()
         st.page_table[st.slots(raw), index] = torch.where(valid, a["page_id"], 0)
-        self.reset_slots(slots)
+        if self.half.has_lm:
+            self.reset_slots(slots)
+        if self.half.has_codec:
+            self.reset_codec_slots(slots)
 
     def codec_prime(self, rows: int) -> None:
         """Prime the codec slots of admit rows 0..rows-1 (those with a codec prefix come first; the others
@@ -125,10 +149,17 @@ class Program(ABC):
         batch.commit(self.lm_step(batch))
 
     def codec(self, batch: int, first: bool = False) -> None:
-        lim = self.limits
+        """Decode `batch` chunk windows (the LM half of a disaggregated engine: hand their inputs over)."""
+        lim, prefix = self.limits, "codec_first" if first else "codec"
         frames = lim.first_frames if first else lim.frames_per_chunk
-        window = codec_window(self.state, self.arenas["step_in"], self.arenas["step_out"],
-                              "codec_first" if first else "codec", batch, self.meta.codec_window(frames))
+        step_in = self.arenas["step_in"]
+        if self.half is EngineHalf.LM:
+            hand_over(self.handover, prefix, gather_window_inputs(self.state, step_in, prefix, batch,
+                                                                  self.meta.codec_window(frames)))
+            return
+        inputs = handed_over(self.handover, prefix, batch) if self.half is EngineHalf.CODEC else None
+        window = codec_window(self.state, step_in, self.arenas["step_out"], prefix, batch,
+                              self.meta.codec_window(frames), inputs)
         pcm = self.decode_audio(window, frames)
         window.pcm_out[:batch] = (pcm.float().clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16)
 
@@ -156,6 +187,10 @@ class Program(ABC):
         encoders), so the engine's memory measurement includes it before the KV cache is sized."""
 
     def reset_slots(self, slots: Tensor) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Reset the LM stages' own per-slot state for these slots (admitted this step; may hold the scratch
+        slot)."""
+
+    def reset_codec_slots(self, slots: Tensor) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Forget a stateful codec's state for these slots (admitted this step; may hold the scratch slot)."""
 
     def prime_codec(self, slots: Tensor, codes: Tensor, lengths: Tensor) -> None:

@@ -96,3 +96,21 @@ def step_output_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpe
     if limits.has_first_chunks:
         fields.append(FieldSpec("codec_first_pcm", (k, limits.first_frames * spf), torch.int16))
     return fields
+
+
+def handover_fields(meta: ProgramMeta, limits: EngineLimits) -> list[FieldSpec]:
+    """A disaggregated engine's hand-over arena (one on each device, the same layout): per codec stage the
+    rows' windows as the LM half gathers them from its slots' codes (and frame latents), so one copy per step
+    moves every codec row's LM-made input to the codec device. `<stage>_codes` [max_codec_batch, window,
+    codes_per_frame] int32, `<stage>_latents` [max_codec_batch, window, frame_latent_dim] float32."""
+    k, cpf, dim = limits.max_codec_batch, meta.codes_per_frame, meta.layout.frame_latent_dim
+    stages = [("codec", limits.frames_per_chunk)]
+    if limits.has_first_chunks:
+        stages.append(("codec_first", limits.first_frames))
+    fields = []
+    for prefix, frames in stages:
+        window = meta.codec_window(frames)
+        fields.append(FieldSpec(f"{prefix}_codes", (k, window, cpf), I32))
+        if dim:
+            fields.append(FieldSpec(f"{prefix}_latents", (k, window, dim), F32))
+    return fields

@@ -12,6 +12,7 @@ from pathlib import Path
 
 H2D, D2H = 1, 2  # cudaMemcpyKind
 EVENT_DISABLE_TIMING = 0x2
+PEER_ACCESS_ALREADY_ENABLED = 704  # cudaErrorPeerAccessAlreadyEnabled: not a failure
 
 
 def _loaded_cudart() -> ctypes.CDLL:
@@ -41,6 +42,15 @@ class CudaRuntime:
         self._elapsed.argtypes = [ctypes.POINTER(ctypes.c_float), vp, vp]
         self._stream_sync = lib.cudaStreamSynchronize
         self._stream_sync.argtypes = [vp]
+        self._wait_event = lib.cudaStreamWaitEvent
+        self._wait_event.argtypes = [vp, vp, ctypes.c_uint]
+        self._memcpy_peer = lib.cudaMemcpyPeerAsync
+        self._memcpy_peer.argtypes = [vp, ctypes.c_int, vp, ctypes.c_int, sz, vp]
+        self._can_access_peer = lib.cudaDeviceCanAccessPeer
+        self._can_access_peer.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+        self._enable_peer = lib.cudaDeviceEnablePeerAccess
+        self._enable_peer.argtypes = [ctypes.c_int, ctypes.c_uint]
+        self._get_last_error = lib.cudaGetLastError
         self._error = lib.cudaGetErrorString
         self._error.restype = ctypes.c_char_p
         self._error.argtypes = [ctypes.c_int]
@@ -74,3 +84,26 @@ class CudaRuntime:
 
     def stream_synchronize(self, stream: int) -> None:
         self._check(self._stream_sync(stream), "cudaStreamSynchronize")
+
+    def wait_event(self, stream: int, event: int) -> None:
+        """Work queued on `stream` after this waits for the event's last record (any device's)."""
+        self._check(self._wait_event(stream, event, 0), "cudaStreamWaitEvent")
+
+    def copy_peer(self, dst: int, dst_device: int, src: int, src_device: int, nbytes: int, stream: int) -> None:
+        """Device-to-device copy between two GPUs, queued on `stream`."""
+        if nbytes:
+            self._check(self._memcpy_peer(dst, dst_device, src, src_device, nbytes, stream), "cudaMemcpyPeerAsync")
+
+    def enable_peer_access(self, device: int, peer: int) -> bool:
+        """Let `device` read `peer`'s memory directly (the current device must be `device`); False where the
+        hardware cannot, so that copies between them are staged by the driver."""
+        can = ctypes.c_int()
+        self._check(self._can_access_peer(ctypes.byref(can), device, peer), "cudaDeviceCanAccessPeer")
+        if not can.value:
+            return False
+        code = self._enable_peer(peer, 0)
+        if code == PEER_ACCESS_ALREADY_ENABLED:
+            self._get_last_error()  # clear the (non-sticky) error, so that no later call reports it
+            return True
+        self._check(code, "cudaDeviceEnablePeerAccess")
+        return True

@@ -23,6 +23,7 @@ from vox_serve.core.meta import EngineLimits, ProgramMeta
 from vox_serve.core.plan import StepPlan, StepResult
 from vox_serve.core.stages import Stage
 from vox_serve.engine.registry import resolve_planner, resolve_stage
+from vox_serve.rt.device import device_scope
 from vox_serve.rt.nvtx import nvtx_range
 from vox_serve.rt.step_writer import HostViews, Launch, StepReader, StepWriter
 
@@ -67,7 +68,7 @@ class EngineWorker:
         self.buckets = {Stage(s): v["buckets"] for s, v in stages.items()}
         self.launchers = self._launchers(stages)
         offsets_in = {f["name"]: f["offset"] + f["nbytes"] for f in self._in["fields"]}
-        captured_prefill = stages["prefill"].get("captured_seqs") is not None
+        captured_prefill = stages.get("prefill", {}).get("captured_seqs") is not None  # a codec half has none
         self.writer = StepWriter(self.meta, self.limits, self.buckets, captured_prefill, offsets_in.__getitem__)
         self.reader = StepReader(self.meta, self.limits, {f["name"]: f["offset"] for f in self._out["fields"]})
         self.plan_attention = resolve_planner(spec["attention"]["planner"])
@@ -96,32 +97,44 @@ class EngineWorker:
         self._torch_stream = torch.cuda.Stream(device)
         torch.cuda.set_stream(self._torch_stream)  # FlashInfer's planners and eager stages run on it too
         self.stream = self._torch_stream.cuda_stream
-        self._done = [self.cuda.event(timing=False) for _ in self.h_in]
-        self._events = {(p, s, edge): self.cuda.event(timing=True) for p in range(len(self.h_in)) for s in Stage
-                        for edge in (0, 1)}
+        with device_scope(device):  # events belong to the engine's device (a codec half's is not the first)
+            self._done = [self.cuda.event(timing=False) for _ in self.h_in]
+            self._events = {(p, s, edge): self.cuda.event(timing=True) for p in range(len(self.h_in))
+                            for s in Stage for edge in (0, 1)}
 
     # ---- a step ------------------------------------------------------------------------------
     def execute(self, plan: StepPlan) -> StepResult:
         return self.collect(self.launch(plan))
 
     def launch(self, plan: StepPlan) -> StepHandle:
+        handle = self.begin(plan)
+        for launch in handle.launches:
+            self.run(launch, handle)
+        self.finish(handle)
+        return handle
+
+    # The parts of `launch`, for a runtime that interleaves two engines' steps (worker/disagg_worker.py).
+    def begin(self, plan: StepPlan) -> StepHandle:
+        """Write the plan into the next host buffer and upload it; the handle lists the step's launches."""
         parity = self._steps % len(self.h_in)
         self._steps += 1
         launches, nbytes = self.writer.write(self.h_in[parity], plan)
         handle = StepHandle(plan, launches, parity)
         if self.cuda is not None:
             self.cuda.copy(self._in["device_ptr"], self._in["host_ptrs"][parity], nbytes, 1, self.stream)
-        for launch in launches:
-            self._run(launch, handle)
-        if self.cuda is None:
-            handle.result = self.reader.read(self.h_out[0], plan, launches)
-            return handle
-        down = self.reader.download_bytes(launches)
-        self.cuda.copy(self._out["host_ptrs"][parity], self._out["device_ptr"], down, 2, self.stream)
-        self.cuda.record(self._done[parity], self.stream)
         return handle
 
-    def _run(self, launch: Launch, handle: StepHandle) -> None:
+    def finish(self, handle: StepHandle) -> None:
+        """After the step's launches: download its outputs (read them at once on a CPU)."""
+        if self.cuda is None:
+            handle.result = self.reader.read(self.h_out[0], handle.plan, handle.launches)
+            return
+        down = self.reader.download_bytes(handle.launches)
+        self.cuda.copy(self._out["host_ptrs"][handle.parity], self._out["device_ptr"], down, 2, self.stream)
+        self.cuda.record(self._done[handle.parity], self.stream)
+
+    def run(self, launch: Launch, handle: StepHandle) -> None:
+        """One launch of the step: plan its attention (LM stages), then launch its graph or callable."""
         stage = launch.stage
         if launch.attention is not None:
             self.plan_attention(stage, launch.attention, handle.parity)

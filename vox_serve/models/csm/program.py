@@ -118,10 +118,16 @@ class CsmProgram(Program):
 
     def allocate(self, limits: EngineLimits) -> None:
         self.m.depth.allocate(max(limits.max_batch, limits.max_prefill_seqs))
+
+    def allocate_codec(self, limits: EngineLimits) -> None:
         self.codec_slots = CodecSlots(self.m.codec, limits.slots + 1)
 
     def state_bytes(self) -> int:
-        return super().state_bytes() + self.codec_slots.memory_bytes() + self.m.depth.memory_bytes()
+        lm = self.m.depth.memory_bytes() if self.half.has_lm else 0
+        return super().state_bytes() + lm + (self.codec_slots.memory_bytes() if self.half.has_codec else 0)
+
+    def codec_modules(self) -> list[torch.nn.Module]:
+        return [self.m.codec]
 
     def weights_bytes(self) -> int:
         modules = (self.m.backbone, self.m.depth, self.m.codec, self.m.codec_encoder)
@@ -188,5 +194,5 @@ class CsmProgram(Program):
         codes = window.codes.clamp(0, self.ids.codebook_size - 1)
         return self.codec_slots.decode_chunk(codes, window.slot)[:, : frames * self.meta.samples_per_frame]
 
-    def reset_slots(self, slots: Tensor) -> None:
+    def reset_codec_slots(self, slots: Tensor) -> None:
         self.codec_slots.reset_slots(slots)

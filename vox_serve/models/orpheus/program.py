@@ -123,5 +123,8 @@ class OrpheusProgram(Program):
         start = self.meta.codec_lookback_frames * spf
         return audio[:, 0, start : start + frames * spf]
 
+    def codec_modules(self) -> list[torch.nn.Module]:
+        return [self.snac]
+
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for m in (self.lm, self.snac) for p in m.parameters())

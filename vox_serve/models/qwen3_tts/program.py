@@ -119,11 +119,14 @@ class Qwen3TTSProgram(Program):
 
     def allocate(self, limits: EngineLimits) -> None:
         self.predictor.allocate(max(limits.max_batch, limits.max_prefill_seqs))
+
+    def allocate_codec(self, limits: EngineLimits) -> None:
         # One pool row per request slot, and the scratch slot's (padded codec rows decode into it).
         self.codec_slots = Qwen3CodecSlots(self.codec_decoder, limits.slots + 1)
 
     def state_bytes(self) -> int:
-        pools = [self.codec_slots.state, self.codec_slots.pos, self.predictor.k_cache, self.predictor.v_cache]
+        pools = [self.predictor.k_cache, self.predictor.v_cache] if self.half.has_lm else []
+        pools += [self.codec_slots.state, self.codec_slots.pos] if self.half.has_codec else []
         return super().state_bytes() + sum(t.numel() * t.element_size() for t in pools)
 
     # ---- prompts -------------------------------------------------------------------------
@@ -217,11 +220,14 @@ class Qwen3TTSProgram(Program):
         pcm = self.codec_slots.decode_chunk(window.codes, window.slot)  # [batch, frames * samples_per_frame]
         return pcm[:, : frames * self.meta.samples_per_frame]
 
-    def reset_slots(self, slots: torch.Tensor) -> None:
+    def reset_codec_slots(self, slots: torch.Tensor) -> None:
         self.codec_slots.reset_slots(slots)
 
     def prime_codec(self, slots: torch.Tensor, codes: torch.Tensor, lengths: torch.Tensor) -> None:
         self.codec_slots.prime_slots(slots, codes.long(), lengths)
+
+    def codec_modules(self) -> list[torch.nn.Module]:
+        return [self.codec_decoder]
 
     def weights_bytes(self) -> int:
         modules = (self.talker, self.predictor, self.codec_decoder)

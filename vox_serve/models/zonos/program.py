@@ -109,7 +109,11 @@ class ZonosProgram(Program):
         self.stopping.index_fill_(0, slots, False)
 
     def state_bytes(self) -> int:
-        return super().state_bytes() + sum(t.numel() * t.element_size() for t in (self.remaining, self.stopping))
+        pools = (self.remaining, self.stopping) if self.half.has_lm else ()
+        return super().state_bytes() + sum(t.numel() * t.element_size() for t in pools)
+
+    def codec_modules(self) -> list[torch.nn.Module]:
+        return [self.dac]
 
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for m in (self.lm, self.dac) for p in m.parameters())

@@ -1,0 +1,76 @@
+"""A disaggregated engine (`--enable-disaggregation`): the LM half on one device, the codec half on another.
+
+A loaded program is split into two halves (`split_program`): the LM half is the program itself, on its
+device; the codec half is a shallow copy of it on the codec device, sharing the weights but with its
+own slot state, arenas and pools, and the program's `codec_modules` moved to the codec device. Each half
+is then built like any engine (`prepare_engine`: state, warm-up, KV cache, graphs) and registered under
+its own engine id, so each has an ordinary spec; the disaggregated spec is the pair
+(`{"disaggregated": true, "lm": spec, "codec": spec}`), each half's spec naming its `half` and its
+hand-over arena (`handover`: the same layout on both devices).
+
+Per step (worker/disagg_worker.py) the LM half's codec stages gather every codec row's window inputs
+(codes, latents) into its hand-over arena; one copy moves them to the codec half's, on the codec
+device's stream after an event recorded behind the gathers (CUDA: a peer copy, never through the host;
+CPU: an explicit copy between the two arenas); the codec half decodes them. Admissions go to both
+halves: the LM half keeps sampling parameters and pages, the codec half the seed and declared slot fields
+its codec reads, and resets and primes the codec state.
+
+Devices: the codec runs on the GPU after the LM's (`cuda:k` -> `cuda:k+1`; replica i of `--dp-size` is
+the pair 2i, 2i+1); on a CPU both halves are on the CPU, as two separate engines.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from vox_serve.config import ConfigError, VoxConfig
+from vox_serve.core.stages import EngineHalf
+from vox_serve.rt.program import Program
+
+
+def codec_device_of(lm_device: torch.device) -> torch.device:
+    """The codec half's device: the GPU after the LM's, or the CPU for a CPU LM."""
+    if lm_device.type != "cuda":
+        return lm_device
+    index = torch.cuda.current_device() if lm_device.index is None else lm_device.index
+    visible = torch.cuda.device_count()
+    if index + 1 >= visible:
+        raise ConfigError(f"--enable-disaggregation runs the codec on the GPU after the LM's (cuda:{index + 1}); "
+                          f"{visible} GPU(s) visible")
+    return torch.device("cuda", index + 1)
+
+
+def move_module(module: torch.nn.Module, device: torch.device) -> None:
+    """Move `module` to `device` in place: its parameters and buffers, and plain tensor attributes of its
+    submodules (precomputed tables that are neither), which `Module.to` leaves behind."""
+    module.to(device)
+    for sub in module.modules():
+        for name, value in vars(sub).items():
+            if isinstance(value, torch.Tensor) and value.device != device:
+                setattr(sub, name, value.to(device))
+
+
+def split_program(program: Program, codec_device: torch.device) -> tuple[Program, Program]:
+    """(LM half, codec half) of a loaded program that has not been set up yet."""
+    if program.half is not EngineHalf.WHOLE:
+        raise ValueError(f"the program is already the {program.half} half of a disaggregated engine")
+    for module in program.codec_modules():
+        move_module(module, codec_device)
+    if program.device.type == "cuda" and program.device.index is None:
+        # an explicit index, so that each half is driven with its own device current (rt/device.py)
+        program.device = torch.device("cuda", torch.cuda.current_device())
+    codec = copy.copy(program)  # shares the modules; setup gives it its own state, arenas and pools
+    codec.device, codec.half = torch.device(codec_device), EngineHalf.CODEC
+    program.half = EngineHalf.LM
+    return program, codec
+
+
+def disaggregated_spec(program: Program, config: VoxConfig) -> dict[str, Any]:
+    """Split `program`, build and register both halves; the pair of their specs."""
+    from vox_serve.engine.build import engine_of_program
+
+    lm, codec = split_program(program, codec_device_of(program.device))
+    return {"disaggregated": True, "lm": engine_of_program(lm, config), "codec": engine_of_program(codec, config)}
