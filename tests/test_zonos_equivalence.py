@@ -8,12 +8,11 @@ the reference only in summation order (observed < 4e-6 at |logits| ~ 10).
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from zonos_helpers import FIXTURES, generate, scenario_sampling
+from zonos_helpers import FIXTURES, generate, needs_espeak, scenario_sampling
 
 from vox_serve.models.zonos import phonemes
 from vox_serve.models.zonos.conditioning import condition_inputs, num_prefix_rows
@@ -24,16 +23,6 @@ from vox_serve.rt.checkpoint import CheckpointError
 LOGITS_ATOL = 2e-5
 SCENARIOS = json.loads((FIXTURES / "scenarios.json").read_text())
 GENERATION = ("greedy", "topk1_prefix", "greedy_short", "max_tokens")
-
-
-def _needs_espeak() -> None:
-    why = phonemes.espeak_available()
-    if why is None:
-        return
-    reason = f"phonemizer + espeak-ng unavailable ({why}): run scripts/install_system_deps.sh"
-    if os.environ.get("VOX_REQUIRE_ESPEAK") == "1":
-        pytest.fail(reason)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +66,7 @@ def test_scenarios_cover_the_stop_rules(expected) -> None:
 def test_prefix_conditioning_matches_reference(lm, expected, name: str) -> None:
     """Phonemes through espeak-ng, speaker / emotion / fmax / pitch / rate / language rows, unconditional
     vectors for missing inputs, projection and LayerNorm: bit-identical to upstream's prepare_conditioning."""
-    _needs_espeak()
+    needs_espeak()
     cond = dict(SCENARIOS[name]["cond"])
     text, language = cond.pop("text"), cond.pop("language")
     if cond.get("speaker") == "fixture speaker":
@@ -95,7 +84,7 @@ def test_prefix_conditioning_matches_reference(lm, expected, name: str) -> None:
 def test_phonemes_match_reference() -> None:
     """Number spelling (years, ordinals, currency, decimals, thousands) and espeak-ng phonemes for several
     languages; the symbol table and language list equal upstream's."""
-    _needs_espeak()
+    needs_espeak()
     fx = json.loads((FIXTURES / "expected_phonemes.json").read_text(encoding="utf-8"))
     assert list(phonemes.SYMBOLS) == fx["symbols"] and list(phonemes.LANGUAGES) == fx["languages"]
     for case in fx["cases"]:

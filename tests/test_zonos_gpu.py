@@ -13,7 +13,7 @@ import pytest
 import torch
 from dac_helpers import save, tiny_reference
 from safetensors.torch import load_file
-from zonos_helpers import FIXTURES, generate, scenario_sampling
+from zonos_helpers import FIXTURES, generate, needs_espeak, scenario_sampling
 
 from tests.engine_helpers import build_program, make_loop
 from vox_serve.codecs.dac.decoder import load_dac, receptive_field
@@ -134,6 +134,7 @@ def test_zonos_tiny_graphs_equal_eager(backend: str, dtype: str) -> None:
 
     if backend == "flashinfer" and not flashinfer_available():
         pytest.skip("flashinfer not installed")
+    needs_espeak()  # text prompts
     tokens = {}
     for graphs in (False, True):
         cfg = VoxConfig(model=ModelConfig(model="zonos-tiny", device="cuda", dtype=dtype),
@@ -155,6 +156,7 @@ def test_zonos_tiny_graphs_equal_eager(backend: str, dtype: str) -> None:
 
 def test_zonos_full_size_dummy_loads_and_serves() -> None:
     """The published size (26 layers, d_model 2048) with dummy weights in bf16, DAC 44.1 kHz at full size."""
+    needs_espeak()  # bench mode's text
     cmd = [sys.executable, "-m", "vox_serve.launch", "--model", "zonos", "--load-format", "dummy",
            "--device", "cuda", "--bench-requests", "2", "--max-model-len", "512", "--max-batch-size", "8",
            "--bench-kwargs", '{"max_tokens": 60, "ignore_eos": true}']

@@ -8,13 +8,15 @@ column-write and stop functions.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import torch
 from torch import Tensor
 
-from vox_serve.models.zonos import delay, sampling
+from vox_serve.models.zonos import delay, phonemes, sampling
 from vox_serve.models.zonos.config import NUM_CODEBOOKS
 from vox_serve.models.zonos.lm import ZonosLM
 from vox_serve.rt.attention import AttentionBuffers, AttentionPlan, PlanInputs, make_attention_backend
@@ -118,3 +120,15 @@ def scenario_sampling(spec: dict) -> tuple[sampling.ZonosSampling, int]:
     params = dict(spec["generate"]["sampling_params"])
     window = params.pop("repetition_penalty_window", 2)
     return sampling.ZonosSampling.filled(1, **{"min_p": 0.0, **params}), window
+
+
+def needs_espeak() -> None:
+    """Skip (fail with VOX_REQUIRE_ESPEAK=1, as CI sets) where phonemizer + espeak-ng are missing: text
+    prompts need them (the GPU host has neither)."""
+    why = phonemes.espeak_available()
+    if why is None:
+        return
+    reason = f"phonemizer + espeak-ng unavailable ({why}): run scripts/install_system_deps.sh"
+    if os.environ.get("VOX_REQUIRE_ESPEAK") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
