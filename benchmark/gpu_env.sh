@@ -17,6 +17,12 @@ export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
 if [ -f .fiaot.tgz ] && [ -d /tmp/site/flashinfer ]; then
   mkdir -p /tmp/site/flashinfer/data/aot && tar xzf .fiaot.tgz -C /tmp/site/flashinfer/data/aot
 fi
+# espeak-ng for Zonos' text prompts on a host without it (scripts/pack_espeak.sh), carried as .espeak.tgz.
+if [ -f .espeak.tgz ]; then
+  mkdir -p /tmp/espeak && tar xzf .espeak.tgz -C /tmp/espeak
+  export LD_LIBRARY_PATH=/tmp/espeak/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PHONEMIZER_ESPEAK_LIBRARY=/tmp/espeak/lib/libespeak-ng.so.1 ESPEAK_DATA_PATH=/tmp/espeak/espeak-ng-data
+fi
 save_fi_modules() {  # pack the modules this call compiled as $OUT/fiaot.tgz (<name>/<name>.so each)
   local dir=/tmp/fiaot; rm -rf "$dir"; mkdir -p "$dir"
   find "$FLASHINFER_WORKSPACE_BASE" -path '*cached_ops*' -name '*.so' 2>/dev/null | while read -r so; do

@@ -27,7 +27,8 @@ TAGS=(--platform "$PLATFORM" --platform manylinux_2_27_x86_64 --platform manylin
 PKGS=(numpy safetensors tokenizers fastapi annotated-doc opentelemetry-api starlette pydantic pydantic-core annotated-types typing-inspection
       typing-extensions anyio idna sniffio h11 click uvicorn python-multipart pyzmq msgpack
       av prometheus-client websockets httpx httpcore certifi
-      "$FLASHINFER" apache-tvm-ffi nvidia-cudnn-frontend einops ninja tqdm requests tabulate packaging nvidia-ml-py)
+      "$FLASHINFER" apache-tvm-ffi nvidia-cudnn-frontend einops ninja tqdm requests tabulate packaging nvidia-ml-py
+      phonemizer attrs dlinfo joblib inflect jaraco.functools more-itertools typeguard)  # the last line: Zonos text
 [ "$WITH_TORCH" = 1 ] && PKGS+=(torch)
 for pkg in "${PKGS[@]}"; do
   pip download --no-deps --only-binary=:all: --python-version "$PY" --implementation cp "${TAGS[@]}" \
