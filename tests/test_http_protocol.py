@@ -81,7 +81,7 @@ def test_meta_and_limits_survive_msgpack() -> None:
 
 @pytest.mark.parametrize("name", [n for n, d in REQUEST_FIELDS.items() if d.bounds])
 def test_documented_ranges_equal_what_sampling_params_accepts(name: str) -> None:
-    """What the API takes: SamplingParams' ranges (model fields': request_builder.MODEL_FIELD_BOUNDS), and
+    """What the API takes: SamplingParams' ranges (a model's own fields declare theirs), and
     integers that fit the 64 bits they travel in."""
     meta = orpheus_meta("orpheus-tiny", 4096, True)
     if name not in meta.accepted_fields:  # a model field: a meta that takes it

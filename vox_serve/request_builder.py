@@ -9,24 +9,12 @@ from typing import Any
 from vox_serve.core.meta import ProgramMeta
 from vox_serve.core.request import Prompt, Request, SamplingParams, TextFeed
 
+# The common fields' types (their ranges are SamplingParams.validate's); a model's own fields are the ones it
+# declares (`ProgramMeta.field_schemas`)
 _NUMERIC = {
     "temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
     "top_k": int, "max_tokens": int, "seed": int,
-    # model fields (a model takes the ones it lists in accepted_fields): Zonos conditioning and sampling
-    "cfg_scale": float, "fmax": float, "pitch_std": float, "speaking_rate": float, "linear": float, "conf": float,
-    "quad": float,
 }
-# Ranges of model fields (JSON-schema keywords; the sampling fields' are SamplingParams.validate's)
-MODEL_FIELD_BOUNDS: dict[str, dict[str, float]] = {
-    "cfg_scale": {"exclusiveMinimum": 0, "maximum": 10}, "fmax": {"minimum": 0, "maximum": 24000},
-    "pitch_std": {"minimum": 0, "maximum": 400}, "speaking_rate": {"minimum": 0, "maximum": 40},
-    "linear": {"minimum": -2, "maximum": 2}, "conf": {"minimum": -2, "maximum": 2},
-    "quad": {"minimum": -2, "maximum": 2},
-}
-# Fields that are a list of numbers: name -> (length, minimum, maximum)
-NUMBER_LISTS: dict[str, tuple[int, float, float]] = {"emotion": (8, 0.0, 1.0)}
-_BOUND_CHECKS = {"minimum": lambda v, e: v >= e, "maximum": lambda v, e: v <= e,
-                 "exclusiveMinimum": lambda v, e: v > e, "exclusiveMaximum": lambda v, e: v < e}
 _BOOL = ("ignore_eos", "streaming", "x_vector_only_mode", "non_streaming_mode")
 AUDIO = "audio"  # reference audio: the uploaded file's bytes
 # alias -> field, for a model that takes the field and has no field of the alias's name (CSM's `speaker` is
@@ -104,13 +92,7 @@ def _field_value(key: str, value: Any) -> Any:
     if value is None:  # refused rather than read as "absent": the schema gives every field one type
         raise FieldError(key, "must not be null; leave the field out to get its default")
     if key in _NUMERIC:
-        number = _number(key, value, _NUMERIC[key])
-        bounds = MODEL_FIELD_BOUNDS.get(key, {})
-        if not all(_BOUND_CHECKS[k](number, edge) for k, edge in bounds.items()):
-            raise FieldError(key, f"must be in the range {bounds}")
-        return number
-    if key in NUMBER_LISTS:
-        return _number_list(key, value)
+        return _number(key, value, _NUMERIC[key])
     if key in _BOOL:
         if not isinstance(value, bool):
             raise FieldError(key, "must be a boolean")
@@ -124,14 +106,6 @@ def _field_value(key: str, value: Any) -> Any:
     return value
 
 
-def _number_list(key: str, value: Any) -> list[float]:
-    length, lo, hi = NUMBER_LISTS[key]
-    if (not isinstance(value, list | tuple) or len(value) != length
-            or not all(isinstance(v, int | float) and not isinstance(v, bool) and lo <= v <= hi for v in value)):
-        raise FieldError(key, f"must be a list of {length} numbers in [{lo:g}, {hi:g}]")
-    return [float(v) for v in value]
-
-
 def declared_value(key: str, value: Any, schema: dict[str, Any]) -> Any:
     """A value of a field the model declares (`ProgramMeta.field_schemas`), checked against its schema's type
     and range; what an array or object holds is the model's prompt builder's to check."""
@@ -139,11 +113,7 @@ def declared_value(key: str, value: Any, schema: dict[str, Any]) -> Any:
         raise FieldError(key, "must not be null; leave the field out to get its default")
     kind = schema["type"]
     if kind in ("integer", "number"):
-        number = _number(key, value, int if kind == "integer" else float)
-        for bound, (holds, sign) in _BOUNDS.items():
-            if bound in schema and not holds(number, schema[bound]):
-                raise FieldError(key, f"must be {sign} {schema[bound]}, got {number}")
-        return number
+        return _bounded(key, value, schema)
     if kind == "boolean" and not isinstance(value, bool):
         raise FieldError(key, "must be a boolean")
     if kind == "string":
@@ -151,10 +121,7 @@ def declared_value(key: str, value: Any, schema: dict[str, Any]) -> Any:
             raise FieldError(key, "must be a string")
         check_encodable(key, value)
     if kind == "array":
-        if not isinstance(value, list | tuple):
-            raise FieldError(key, f"must be a list, got {type(value).__name__}")
-        if len(value) > schema.get("maxItems", len(value)):
-            raise FieldError(key, f"has {len(value)} items; at most {schema['maxItems']} are taken")
+        return _array(key, value, schema)
     if kind == "object" and not isinstance(value, dict):
         raise FieldError(key, f"must be an object, got {type(value).__name__}")
     return value
@@ -237,3 +204,33 @@ def build_request(meta: ProgramMeta, preprocess: Preprocess, fields: dict[str, A
     """Validate fields and build the Request, its prompt built here (bench mode, tests)."""
     clean, sampling = request_fields(meta, fields, greedy, seed)
     return new_request(req_id, make_prompt(preprocess, clean), clean, sampling)
+
+
+def _bounded(key: str, value: Any, schema: dict[str, Any]) -> int | float:
+    """A number of an `integer` / `number` schema within its bounds."""
+    number = _number(key, value, int if schema["type"] == "integer" else float)
+    for bound, (holds, sign) in _BOUNDS.items():
+        if bound in schema and not holds(number, schema[bound]):
+            raise FieldError(key, f"must be {sign} {schema[bound]}, got {number}")
+    return number
+
+
+def _array(key: str, value: Any, schema: dict[str, Any]) -> list[Any]:
+    """A list within its schema's item counts; items of a numeric item schema checked (and converted) here,
+    others left to the model's prompt builder."""
+    if not isinstance(value, list | tuple):
+        raise FieldError(key, f"must be a list, got {type(value).__name__}")
+    least, most = schema.get("minItems", 0), schema.get("maxItems", len(value))
+    if not least <= len(value) <= most:
+        count = f"{least}" if least == most else f"{least} to {most}" if least else f"at most {most}"
+        raise FieldError(key, f"has {len(value)} items; {count} are taken")
+    items = schema.get("items", {})
+    if items.get("type") not in ("integer", "number"):
+        return list(value)
+    out = []
+    for i, item in enumerate(value):
+        try:
+            out.append(_bounded(key, item, items))
+        except FieldError as exc:
+            raise FieldError(key, f"item {i} {str(exc).removeprefix(f'{key}: ')}") from None
+    return out

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from vox_serve.core.meta import ProgramMeta
-from vox_serve.request_builder import BASE64_PATTERN, MODEL_FIELD_BOUNDS, NUMBER_LISTS, VISIBLE_PATTERN, field_aliases
+from vox_serve.request_builder import BASE64_PATTERN, VISIBLE_PATTERN, field_aliases
 
 
 @dataclass(frozen=True)
@@ -55,22 +55,6 @@ REQUEST_FIELDS: dict[str, FieldDoc] = {
     "seed": FieldDoc("integer", "Seed of this request's sampling; the same seed repeats the same audio.",
                      {"minimum": 0, "maximum": INT64_MAX}),
     "ignore_eos": FieldDoc("boolean", "Keep generating until max_tokens even after a stop token."),
-    # model fields (GET /info lists which a model accepts): Zonos
-    "cfg_scale": FieldDoc("number", "Classifier-free guidance scale (1: the conditional logits alone).",
-                          MODEL_FIELD_BOUNDS["cfg_scale"]),
-    "fmax": FieldDoc("number", "Highest frequency of the voice, Hz (Zonos conditioning).", MODEL_FIELD_BOUNDS["fmax"]),
-    "pitch_std": FieldDoc("number", "Pitch variation (standard deviation, Hz) to condition on.",
-                          MODEL_FIELD_BOUNDS["pitch_std"]),
-    "speaking_rate": FieldDoc("number", "Speaking rate, phonemes per second, to condition on.",
-                              MODEL_FIELD_BOUNDS["speaking_rate"]),
-    "linear": FieldDoc("number", "Unified sampler: linear term (> 0 turns it on).", MODEL_FIELD_BOUNDS["linear"]),
-    "conf": FieldDoc("number", "Unified sampler: entropy-scaled term.", MODEL_FIELD_BOUNDS["conf"]),
-    "quad": FieldDoc("number", "Unified sampler: quadratic term.", MODEL_FIELD_BOUNDS["quad"]),
-    "emotion": FieldDoc("array", "8 emotion weights (happiness, sadness, disgust, fear, surprise, anger, other, "
-                        "neutral), normalised to sum 1; in a form, comma-separated.",
-                        schema={"items": {"type": "number", "minimum": NUMBER_LISTS["emotion"][1],
-                                          "maximum": NUMBER_LISTS["emotion"][2]},
-                                "minItems": NUMBER_LISTS["emotion"][0], "maxItems": NUMBER_LISTS["emotion"][0]}),
 }
 AUDIO_FIELD = "audio"
 AUDIO_DOC = "Reference audio (WAV, FLAC, OGG or MP3), at most --max-upload-mb MB."

@@ -44,7 +44,7 @@ from vox_serve.core.request import OutKind, Prompt
 from vox_serve.models.zonos import delay, phonemes, sampling
 from vox_serve.models.zonos.config import CODEBOOK_SIZE, EOS_ID, MASK_ID, NUM_CODEBOOKS
 from vox_serve.models.zonos.lm import ZonosLM
-from vox_serve.models.zonos.prompt import DELAY_STEPS, ZonosPrompter
+from vox_serve.models.zonos.prompt import DELAY_STEPS, FIELD_SCHEMAS, ZonosPrompter
 from vox_serve.rt.codec_window import CodecWindow
 from vox_serve.rt.lm_batch import LmBatch, LmSample
 from vox_serve.rt.program import Program
@@ -71,7 +71,7 @@ def zonos_meta(name: str, max_model_len: int, d_model: int) -> ProgramMeta:
         codec_lookback_frames=CODEC_CONTEXT_FRAMES, codec_lookahead_frames=CODEC_CONTEXT_FRAMES, skip_leading_frames=0,
         max_model_len=max_model_len, max_text_chars=1000,
         stop_rule=StopRule(token=EOS_ID, column=0, description=STOP_DESCRIPTION), default_sampling=defaults,
-        accepted_fields=ZONOS_FIELDS, codec_pads_end=True,
+        accepted_fields=ZONOS_FIELDS, field_schemas=FIELD_SCHEMAS, codec_pads_end=True,
         languages=tuple(code for code in phonemes.LANGUAGES if code not in phonemes.UNSUPPORTED_LANGUAGES),
         layout=ProgramLayout(prompt_vector_dim=d_model, kv_streams=2, slot_fields=(
             SlotField("cfg_scale", (1,)), SlotField("unified", (3,)), SlotField("num_frames", (1,)))),

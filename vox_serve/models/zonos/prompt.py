@@ -26,8 +26,31 @@ from vox_serve.voice_prompt import SAVED_VOICE_FIELD, VoicePrompt
 
 DELAY_STEPS = NUM_CODEBOOKS - 1  # rows between a frame's codebook 0 and its codebook 8
 MAX_SPEAKER_SECONDS = 60.0
-SCALARS = ("fmax", "pitch_std", "speaking_rate")  # ranges: request_builder.MODEL_FIELD_BOUNDS
+SCALARS = ("fmax", "pitch_std", "speaking_rate")  # conditioning numbers (ranges: FIELD_SCHEMAS)
 DEFAULTS = {"cfg_scale": 2.0, "linear": 0.0, "conf": 0.0, "quad": 0.0, "language": "en-us"}
+NUM_EMOTIONS = 8
+
+
+def _number(description: str, **bounds: float) -> dict[str, Any]:
+    return {"type": "number", **bounds, "description": description}
+
+
+# Zonos' own request fields (`ProgramMeta.field_schemas`): request_builder checks each value's type and range
+# (and an array's length and items), the prompt builder the rest; the OpenAPI document and GET /info publish them.
+FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
+    "cfg_scale": _number("Classifier-free guidance scale (1: the conditional logits alone).",
+                         exclusiveMinimum=0, maximum=10),
+    "fmax": _number("Highest frequency of the voice, Hz (conditioning).", minimum=0, maximum=24000),
+    "pitch_std": _number("Pitch variation (standard deviation, Hz) to condition on.", minimum=0, maximum=400),
+    "speaking_rate": _number("Speaking rate, phonemes per second, to condition on.", minimum=0, maximum=40),
+    "linear": _number("Unified sampler: linear term (> 0 turns it on).", minimum=-2, maximum=2),
+    "conf": _number("Unified sampler: entropy-scaled term.", minimum=-2, maximum=2),
+    "quad": _number("Unified sampler: quadratic term.", minimum=-2, maximum=2),
+    "emotion": {"type": "array", "minItems": NUM_EMOTIONS, "maxItems": NUM_EMOTIONS,
+                "items": {"type": "number", "minimum": 0, "maximum": 1},
+                "description": "8 emotion weights (happiness, sadness, disgust, fear, surprise, anger, other, "
+                               "neutral), normalised to sum 1; in a form, comma-separated or JSON."},
+}
 
 
 def prefix_prompt(pair: torch.Tensor, *, cfg_scale: float, num_frames: int,
