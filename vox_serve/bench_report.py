@@ -85,7 +85,7 @@ class BenchOutcome:
     streaming: bool = True
     admitted: float | None = None  # when the scheduler queued it (None: refused)
     chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, samples) per audio chunk
-    pcm: bytearray = field(default_factory=bytearray)
+    pcm: bytes | bytearray = field(default_factory=bytearray)  # bytes from the Rust runtime
     finished: float | None = None
     finish_reason: str | None = None
     error: str | None = None
