@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from rust_helpers import require_rt
 
 from vox_serve.bench_report import BenchOutcome, BenchRecorder, bench_phases
@@ -88,9 +89,10 @@ def test_phase_summary_measures_ttfa_from_each_arrival(tmp_path: Path, capsys: p
     assert recorder.finish() == 1
 
 
-def _bench(runtime: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "vox_serve.launch", "--runtime", runtime, "--model", "orpheus-tiny", "--device", "cpu",
-           "--greedy", "--bench-out", str(out), "--bench-kwargs", '{"max_tokens": 42, "ignore_eos": true}', *extra]
+def _bench(runtime: str, out: Path, *extra: str, device: str = "cpu") -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "vox_serve.launch", "--runtime", runtime, "--model", "orpheus-tiny", "--device",
+           device, "--greedy", "--bench-out", str(out), "--bench-kwargs", '{"max_tokens": 42, "ignore_eos": true}',
+           "--bench-requests", "3", "--bench-rate", "inf,6", "--bench-json", str(out / "bench.json"), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "VOX_GIT_COMMIT": "abc1234"})
 
@@ -102,12 +104,9 @@ def runtime(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def test_bench_rate_runs_phases_and_reports_each(runtime: str, tmp_path: Path) -> None:
-    """Two phases (all at once, then Poisson at 6/s) of 3 requests on one engine: each phase's summary on
-    stdout and in --bench-json, every request queued no earlier than its arrival, TTFA from that arrival."""
-    path = tmp_path / "bench.json"
-    proc = _bench(runtime, tmp_path / "wav", "--bench-requests", "3", "--bench-rate", "inf,6", "--bench-json",
-                  str(path))
+def _check_phases(proc: subprocess.CompletedProcess, out: Path, runtime: str) -> None:
+    """_bench's two phases (all at once, then Poisson at 6/s) of 3 requests on one engine: each phase's summary
+    on stdout and in --bench-json, every request queued no earlier than its arrival, TTFA from that arrival."""
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("ready in") == 1  # one engine for both phases
     lines = proc.stdout.splitlines()
@@ -115,12 +114,12 @@ def test_bench_rate_runs_phases_and_reports_each(runtime: str, tmp_path: Path) -
         "phase 0: 3 requests, all at once", "phase 1: 3 requests, Poisson arrivals at 6/s"]
     summaries = [SUMMARY.match(line) for line in lines if line.startswith("summary:")]
     assert len(summaries) == 2 and all(summaries), lines
-    assert sorted(p.name for p in (tmp_path / "wav").glob("*.wav")) == [f"bench-p{k}-{i:03d}.wav"
-                                                                       for k in range(2) for i in range(3)]
-    result = json.loads(path.read_text())
+    assert sorted(p.name for p in out.glob("*.wav")) == [f"bench-p{k}-{i:03d}.wav" for k in range(2) for i in range(3)]
+    result = json.loads((out / "bench.json").read_text())
     assert result["runtime"] == runtime and result["model"] == "orpheus-tiny" and result["git_commit"] == "abc1234"
     assert "--bench-rate inf,6" in result["command"]
     assert [p["rate"] for p in result["phases"]] == [None, 6.0]
+    printed = {line.split()[0]: float(line.split()[1]) for line in lines if line.startswith("bench-p")}
     for phase, summary in zip(result["phases"], summaries, strict=True):
         assert SUMMARY_KEYS <= set(phase) and phase["num_requests"] == 3 and phase["num_completed"] == 3
         requests = phase["requests"]
@@ -129,14 +128,28 @@ def test_bench_rate_runs_phases_and_reports_each(runtime: str, tmp_path: Path) -
         for r in requests:
             assert r["admitted_s"] >= r["offset_s"] and r["first_audio_s"] > r["admitted_s"]
             assert r["ttfa_s"] == pytest.approx(r["first_audio_s"] - r["offset_s"])
+            assert printed[r["req_id"]] == pytest.approx(r["ttfa_s"] * 1000, abs=0.06)  # the line's TTFA, too
             assert r["finish"] == "length" and r["tokens"] == 42 and r["num_chunks"] == 3
         assert phase["ttfa_p50"] == pytest.approx(percentile([r["ttfa_s"] for r in requests], 50))
         assert float(summary.group(4)) == pytest.approx(phase["ttfa_p50"] * 1000, abs=0.06)
-        # the per-request lines print the same TTFA, from arrival
-        printed = {line.split()[0]: float(line.split()[1]) for line in lines if line.startswith("bench-p")}
-        for r in requests:
-            assert printed[r["req_id"]] == pytest.approx(r["ttfa_s"] * 1000, abs=0.06)
     assert result["phases"][1]["requests"][2]["offset_s"] > 0.05  # a later arrival: TTFA is not from the start
+
+
+def test_bench_rate_runs_phases_and_reports_each(runtime: str, tmp_path: Path) -> None:
+    _check_phases(_bench(runtime, tmp_path), tmp_path, runtime)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+def test_bench_rate_on_cuda_in_both_runtimes(tmp_path: Path) -> None:
+    """On a GPU each Rust phase runs on a scheduler thread of its own over the same captured engine; the
+    all-at-once phase's WAVs equal the Python runtime's, as plain bench mode's do."""
+    require_rt()
+    for runtime in ("python", "rust"):
+        _check_phases(_bench(runtime, tmp_path / runtime, device="cuda"), tmp_path / runtime, runtime)
+    for i in range(3):
+        name = f"bench-p0-{i:03d}.wav"
+        assert (tmp_path / "rust" / name).read_bytes() == (tmp_path / "python" / name).read_bytes(), name
 
 
 @pytest.mark.parametrize(("argv", "message"), [
