@@ -163,3 +163,11 @@ def test_bad_bench_rate_is_refused_naming_the_flag(runtime: str, argv: list[str]
                                                    capsys: pytest.CaptureFixture) -> None:
     assert main(["--runtime", runtime, "--model", "orpheus-tiny", "--device", "cpu", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_unwritable_bench_json_is_refused_before_the_run(runtime: str, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    proc = _bench(runtime, tmp_path, "--bench-json", str(tmp_path / "file" / "run.json"))
+    assert proc.returncode == 2
+    assert f"vox-serve: error: --bench-json {tmp_path / 'file' / 'run.json'}: " in proc.stderr
+    assert "Traceback" not in proc.stderr and "phase 0" not in proc.stdout

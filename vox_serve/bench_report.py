@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vox_serve.audio import write_wav
-from vox_serve.config import VoxConfig
+from vox_serve.config import ConfigError, VoxConfig
 from vox_serve.metrics import RequestTrace, Summary, arrival_times, summarize, viability
 
 POISSON_SHAPE = 1.0  # Gamma gaps of shape 1: exponential, as benchmark/load.py's default
@@ -124,6 +124,7 @@ class BenchRecorder:
             **environment(), "runtime": config.runtime, "model": config.model.model, "model_name": model_name,
             "request": {"text": config.bench.text, **config.bench.kwargs}, "seed": config.model.seed,
             "num_requests": config.bench.num_requests, "phases": []}
+        self._write_json()  # an unwritable --bench-json fails before the first phase, not after it
 
     def phase_done(self, index: int, outcomes: list[BenchOutcome], wall: float) -> None:
         phase = self.phases[index]
@@ -169,9 +170,13 @@ class BenchRecorder:
 
     def _write_json(self) -> None:
         path = self.config.bench.json_path
-        if path is not None:
+        if path is None:
+            return
+        try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(json.dumps(self.result, indent=1, allow_nan=False))
+        except OSError as exc:
+            raise ConfigError(f"--bench-json {path}: {exc}") from exc
 
 
 def summary_line(s: Summary) -> str:
