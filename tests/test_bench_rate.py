@@ -15,9 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 from rust_helpers import require_rt
+from sim_helpers import Bench
 
-from vox_serve.bench_report import BenchOutcome, BenchRecorder, bench_phases
+from vox_serve.bench import PhaseArrivals
+from vox_serve.bench_report import BenchOutcome, BenchPhase, BenchRecorder, bench_phases
 from vox_serve.config import BenchConfig, ModelConfig, VoxConfig
+from vox_serve.core.request import Prompt, Request, SamplingParams
+from vox_serve.engine_loop import EngineLoop
 from vox_serve.launch import main
 from vox_serve.metrics import arrival_times, percentile
 
@@ -87,6 +91,30 @@ def test_phase_summary_measures_ttfa_from_each_arrival(tmp_path: Path, capsys: p
     assert phase["throughput"] == pytest.approx(0.6 / 1.6)  # audio s per s from the first arrival to the last end
     assert [r["ttfa_s"] for r in phase["requests"]] == pytest.approx([0.1, 0.3, None])
     assert recorder.finish() == 1
+
+
+def test_the_python_loop_queues_arrivals_on_time_and_sleeps_until_the_next_one() -> None:
+    """On the simulated engine (virtual clock): the first request ends long before the second arrives at
+    5 s; the idle loop then sleeps once, until that arrival, and queues it no earlier."""
+    sim = Bench("base")
+    phase = BenchPhase(index=0, rate=0.4, req_ids=("a", "b"), seeds=(0, 1), offsets=(0.0, 5.0))
+    requests = []
+    for req_id in phase.req_ids:
+        requests.append(Request(req_id, Prompt.of([[1]] * 6), SamplingParams(temperature=0.0, max_tokens=12)))
+        sim.worker.set_length(req_id, 5)
+    arrivals = PhaseArrivals(sim.scheduler, phase, requests, clock=sim.clock)
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        sim.clock.advance(seconds)
+
+    EngineLoop(sim.scheduler, sim.worker).run_until_idle(sleep=sleep, arrivals=arrivals)
+    first, second = arrivals.outcomes
+    assert first.admitted == 0.0 and first.finished is not None and first.finished < 1.0
+    assert sleeps == [pytest.approx(5.0 - first.finished)]  # one sleep while idle: no spinning
+    assert second.admitted == pytest.approx(5.0) and second.admitted >= 5.0
+    assert second.ttfa is not None and 0 < second.ttfa < 1.0 and second.finish_reason == "stop"
 
 
 def _bench(runtime: str, out: Path, *extra: str, device: str = "cpu") -> subprocess.CompletedProcess:

@@ -6,6 +6,7 @@ import functools
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,18 +76,19 @@ class PhaseArrivals:
     """A phase's requests queued at their offsets from the phase start (`EngineLoop.run_until_idle`);
     each request's outcome records when it was queued, its audio chunks and its end."""
 
-    def __init__(self, scheduler: Scheduler, phase: BenchPhase, requests: list[Request]) -> None:
-        self.scheduler, self.phase, self.requests = scheduler, phase, requests
+    def __init__(self, scheduler: Scheduler, phase: BenchPhase, requests: list[Request],
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.scheduler, self.phase, self.requests, self.clock = scheduler, phase, requests, clock
         self.outcomes = [BenchOutcome(req.req_id, offset, streaming=req.streaming)
                          for req, offset in zip(requests, phase.offsets, strict=True)]
         self._by_id = {o.req_id: o for o in self.outcomes}
         self._next = 0
-        self.start = time.perf_counter()
+        self.start = clock()
         for req in requests:
             req.sink = self._sink
 
     def now(self) -> float:
-        return time.perf_counter() - self.start
+        return self.clock() - self.start
 
     def _sink(self, req: Request, pcm: bytes | None, final: bool) -> None:
         outcome = self._by_id[req.req_id]
