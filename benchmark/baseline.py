@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmark.load import environment  # noqa: E402
+from vox_serve.bench_report import environment  # noqa: E402
 from vox_serve.models.orpheus.loader import ORPHEUS_3B_CONFIG, SNAC_24KHZ_CONFIG  # noqa: E402
 from vox_serve.models.orpheus.program import AUDIO_START, CODES_PER_SLOT, PROMPT_END, PROMPT_START  # noqa: E402
 

@@ -19,9 +19,6 @@ import argparse
 import asyncio
 import functools
 import json
-import os
-import random
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -31,7 +28,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vox_serve.metrics import RequestTrace, percentile, summarize, ttfa  # noqa: E402
+from vox_serve.bench_report import environment  # noqa: E402
+from vox_serve.metrics import RequestTrace, arrival_times, summarize, ttfa  # noqa: E402
 
 WAV_HEADER = 44
 TEXT = ("Hey there, thanks for calling. I can help you with your booking today, "
@@ -102,16 +100,6 @@ async def one_request(client: httpx.AsyncClient, url: str, route: str, body: dic
         trace.error = f"{type(exc).__name__}: {exc}"
 
 
-def arrival_times(n: int, rate: float, shape: float, seed: int) -> list[float]:
-    """Offsets (s) of n arrivals with Gamma(shape, 1/(rate*shape)) gaps: mean gap 1/rate."""
-    rng = random.Random(seed)
-    t, out = 0.0, []
-    for _ in range(n):
-        out.append(t)
-        t += rng.gammavariate(shape, 1.0 / (rate * shape))
-    return out
-
-
 async def run_load(url: str, offsets: list[float], body: dict, timeout_s: float, route: str,
                    counter: Callable[[], object]) -> list[RequestTrace]:
     limits = httpx.Limits(max_connections=len(offsets) + 8, max_keepalive_connections=len(offsets) + 8)
@@ -136,24 +124,9 @@ def report(traces: list[RequestTrace], sample_rate: int) -> dict:
     s = summarize(traces, sample_rate)
     ttfas = [t for t in (ttfa(tr) for tr in traces if tr.error is None) if t is not None]
     out = asdict(s)
-    out.update(ttfa_mean=sum(ttfas) / len(ttfas) if ttfas else float("nan"),
-               ttfa_p99=percentile(ttfas, 99))
+    out.update(ttfa_mean=sum(ttfas) / len(ttfas) if ttfas else float("nan"))
     out["errors"] = sorted({t.error for t in traces if t.error})[:5]
     return out
-
-
-def environment() -> dict:
-    def cmd(*args: str) -> str:
-        try:
-            return subprocess.run(args, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    # VOX_GIT_COMMIT wins: the GPU machine's copy of the tree may carry a stale .git of its own.
-    commit = os.environ.get("VOX_GIT_COMMIT") or cmd("git", "rev-parse", "--verify", "-q", "HEAD") or "unknown"
-    return {"command": " ".join(sys.argv), "git_commit": commit,
-            "gpu": cmd("nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 ROW = "{:>8} {:>5} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>8}"

@@ -1,14 +1,16 @@
-"""`--bench-requests N`: N concurrent requests through the scheduler without HTTP, then a report."""
+"""`--bench-requests N`: phases of N requests through the scheduler without HTTP, each reported by bench_report."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vox_serve.audio import write_wav
+from vox_serve.bench_report import BenchOutcome, BenchPhase, BenchRecorder
 from vox_serve.config import VoxConfig
 from vox_serve.core.request import Request
 from vox_serve.engine.build import engine_of_program, load_program
@@ -16,6 +18,7 @@ from vox_serve.engine_loop import EngineLoop
 from vox_serve.progress import Progress
 from vox_serve.request_builder import FieldError, build_request
 from vox_serve.rt.program import Program
+from vox_serve.scheduler.base import QueueFull, Scheduler
 from vox_serve.scheduler.factory import make_scheduler
 from vox_serve.worker.disagg_worker import make_worker
 
@@ -69,6 +72,61 @@ def bench_fields(config: VoxConfig) -> dict[str, Any]:
     return fields
 
 
+class PhaseArrivals:
+    """A phase's requests queued at their offsets from the phase start (`EngineLoop.run_until_idle`);
+    each request's outcome records when it was queued, its audio chunks and its end."""
+
+    def __init__(self, scheduler: Scheduler, phase: BenchPhase, requests: list[Request],
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.scheduler, self.phase, self.requests, self.clock = scheduler, phase, requests, clock
+        self.outcomes = [BenchOutcome(req.req_id, offset, streaming=req.streaming)
+                         for req, offset in zip(requests, phase.offsets, strict=True)]
+        self._by_id = {o.req_id: o for o in self.outcomes}
+        self._next = 0
+        self.start = clock()
+        for req in requests:
+            req.sink = self._sink
+
+    def now(self) -> float:
+        return self.clock() - self.start
+
+    def _sink(self, req: Request, pcm: bytes | None, final: bool) -> None:
+        outcome = self._by_id[req.req_id]
+        if pcm:
+            outcome.add_chunk(self.now(), pcm)
+        if final:
+            outcome.finished = self.now()
+            outcome.finish_reason, outcome.error = req.finish_reason, req.error
+            outcome.num_generated = req.num_generated
+
+    def show(self, progress: Progress, sample_rate: int, final: bool = False) -> None:
+        """The phase's progress line: requests ended, tokens generated, audio produced."""
+        done = sum(o.finished is not None or o.error is not None for o in self.outcomes)
+        samples = sum(len(o.pcm) for o in self.outcomes) // 2
+        progress.requests(done, len(self.outcomes), sum(r.num_generated for r in self.requests),
+                          sum(r.sampling.max_tokens for r in self.requests), samples / sample_rate, final)
+
+    def admit_due(self) -> None:
+        while self._next < len(self.requests) and self.phase.offsets[self._next] <= self.now():
+            req, outcome = self.requests[self._next], self.outcomes[self._next]
+            self._next += 1
+            outcome.admitted = self.now()
+            try:
+                self.scheduler.add_request(req)
+            except (ValueError, QueueFull) as exc:  # refused: fails this request, as in the Rust runtime
+                outcome.admitted, outcome.finish_reason, outcome.error = None, "error", str(exc)
+
+    def seconds_to_next(self) -> float | None:
+        if self._next == len(self.requests):
+            return None
+        return max(self.phase.offsets[self._next] - self.now(), 0.0)
+
+
+def _phase_requests(program: Program, fields: dict[str, Any], phase: BenchPhase, greedy: bool) -> list[Request]:
+    return [build_request(program.meta, program.preprocess, fields, req_id, greedy, seed=seed)
+            for req_id, seed in zip(phase.req_ids, phase.seeds, strict=True)]
+
+
 def run_bench(config: VoxConfig) -> int:
     t0 = time.perf_counter()
     set_cpu_threads(config)
@@ -76,64 +134,21 @@ def run_bench(config: VoxConfig) -> int:
     loop, program = build_loop(config, progress)
     meta = program.meta
     print(f"model {meta.name} ready in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-    audio: dict[str, list[bytes]] = {}
-
-    def sink(req: Request, pcm: bytes | None, final: bool) -> None:
-        if pcm:
-            audio[req.req_id].append(pcm)
-
     try:
         fields = bench_fields(config)
     except OSError as exc:
         print(f"vox-serve: error: --bench-audio: {exc}", file=sys.stderr)
         return 2
-    requests = []
-    for i in range(config.bench.num_requests):
-        req_id = f"bench-{i:03d}"
+    recorder = BenchRecorder(config, meta.name, meta.sample_rate)
+    for phase in recorder.phases:
         try:
-            req = build_request(meta, program.preprocess, fields, req_id, config.bench.greedy,
-                                seed=config.model.seed + i)
+            requests = _phase_requests(program, fields, phase, config.bench.greedy)
         except FieldError as exc:
             print(f"vox-serve: error: --bench-kwargs/--bench-text: {exc}", file=sys.stderr)
             return 2
-        req.sink = sink
-        audio[req_id] = []
-        requests.append(req)
-    start = time.perf_counter()
-    for req in requests:
-        loop.scheduler.add_request(req)
-
-    def show(final: bool = False) -> None:
-        done = sum(r.status.is_done for r in requests)
-        samples = sum(len(pcm) for chunks in audio.values() for pcm in chunks) // 2
-        progress.requests(done, len(requests), sum(r.num_generated for r in requests),
-                          sum(r.sampling.max_tokens for r in requests), samples / meta.sample_rate, final)
-
-    loop.run_until_idle(on_poll=show)
-    show(final=True)
-    wall = time.perf_counter() - start
-    return _report(config, requests, audio, wall, meta.sample_rate)
-
-
-def _report(config: VoxConfig, requests: list[Request], audio: dict[str, list[bytes]], wall: float,
-            sample_rate: int) -> int:
-    out_dir = Path(config.bench.out_dir) if config.bench.out_dir else None
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    total_audio = 0.0
-    print(f"{'request':<10} {'ttfa_ms':>9} {'latency_s':>10} {'audio_s':>8} {'tokens':>7}  finish")
-    for req in requests:
-        pcm = b"".join(audio[req.req_id])
-        seconds = len(pcm) / 2 / sample_rate
-        total_audio += seconds
-        s = req.stats
-        ttfa = f"{(s.first_audio - s.arrival) * 1000:9.1f}" if s.first_audio is not None else f"{'-':>9}"
-        latency = (s.finished or s.arrival) - s.arrival
-        reason = req.finish_reason if req.error is None else f"{req.finish_reason} ({req.error})"
-        print(f"{req.req_id:<10} {ttfa} {latency:10.2f} {seconds:8.2f} {req.num_generated:7d}  {reason}")
-        if out_dir is not None:
-            write_wav(out_dir / f"{req.req_id}.wav", pcm, sample_rate)
-    print(f"total audio {total_audio:.2f}s in {wall:.2f}s wall: RTF {total_audio / wall:.2f}x real time"
-          f" ({len(requests)} requests)")
-    failed = [r for r in requests if r.error is not None]
-    return 1 if failed else 0
+        arrivals = PhaseArrivals(loop.scheduler, phase, requests)
+        show = functools.partial(arrivals.show, progress, meta.sample_rate)
+        loop.run_until_idle(on_poll=show, arrivals=arrivals)
+        show(final=True)
+        recorder.phase_done(phase.index, arrivals.outcomes, arrivals.now())
+    return recorder.finish()

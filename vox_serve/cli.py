@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -143,6 +144,10 @@ FLAGS: tuple[Flag, ...] = (
     _f("--bench-kwargs", default="{}",
        help='JSON request fields: voice, sampling overrides, max_tokens, ignore_eos, seed'),
     _f("--bench-audio", default=None, help="reference audio file sent as every bench request's `audio` (voice clones)"),
+    _f("--bench-rate", default=None,
+       help="comma-separated request rates (per second): one phase of --bench-requests N per rate on the same "
+            "engine, Poisson arrivals seeded by --seed; 0 or inf: all at once (the default)"),
+    _f("--bench-json", default=None, help="write each bench phase's summary and requests to this JSON file"),
     _f("--greedy", action="store_true", help="greedy sampling: repeatable output"),
     _f("--trace-dir", default=None,
        help="write JSON lines of every stage launch's device time and every scheduling decision here"),
@@ -269,6 +274,28 @@ def _check_values(kept: dict[str, Any]) -> None:
                        "HTTP)")
     _check_model(kept)
     _check_bench_kwargs(kept.get("bench_kwargs", "{}"))
+    if "bench_rate" in kept:
+        parse_bench_rates(kept["bench_rate"])
+    for dest in ("bench_rate", "bench_json"):
+        if dest in kept and "bench_requests" not in kept:
+            raise CliError(f"--{dest.replace('_', '-')} needs --bench-requests N (the requests of each phase)")
+
+
+def parse_bench_rates(text: str | None) -> tuple[float, ...]:
+    """--bench-rate's phases: requests per second, 0 for all at once (`0` or `inf`); () without the flag."""
+    if text is None:
+        return ()
+    rates = []
+    for item in text.split(","):
+        try:
+            rate = float(item)
+        except ValueError:
+            rate = math.nan
+        if not rate >= 0:
+            raise CliError(f"--bench-rate {text!r}: {item.strip()!r} is not a rate (requests per second >= 0, "
+                           "or inf: all at once)")
+        rates.append(0.0 if math.isinf(rate) else rate)
+    return tuple(rates)
 
 
 def _check_scheduler(kept: dict[str, Any]) -> None:
@@ -350,7 +377,7 @@ def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
         engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"], v["enable_nvtx"],
                             prompt_builder=v["prompt_builder"], enable_disaggregation=v["enable_disaggregation"]),
         bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"],
-                          audio=v["bench_audio"]),
+                          audio=v["bench_audio"], rates=parse_bench_rates(v["bench_rate"]), json_path=v["bench_json"]),
         server=ServerConfig(
             host=v["host"], port=v["port"], dp_size=v["dp_size"], request_timeout_s=v["request_timeout_s"],
             max_upload_mb=v["max_upload_mb"], header_timeout_s=v["header_timeout_s"],

@@ -70,6 +70,11 @@ class BenchConfig:
     kwargs_json: str = "{}"  # kept as text so the config stays hashable and frozen
     greedy: bool = False
     audio: str | None = None  # a reference audio file sent as every request's `audio` field (voice clones)
+    rates: tuple[float, ...] = ()  # one phase of num_requests per rate (requests/s; 0: all at once); (): one, at once
+    json_path: str | None = None  # the phases' summaries as one JSON file
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rates", tuple(self.rates))  # a list after JSON
 
     @property
     def kwargs(self) -> dict[str, Any]:

@@ -137,13 +137,32 @@ class EngineLoop:
         return 0.001
 
     def run_until_idle(self, sleep: Callable[[float], None] = time.sleep,
-                       on_poll: Callable[[], None] | None = None) -> None:
+                       on_poll: Callable[[], None] | None = None, arrivals: Arrivals | None = None) -> None:
         """Step until no request is left (bench mode, tests and the simulator); `on_poll` runs after
-        every poll (bench mode's progress display)."""
-        while (wait := self.poll()) is not None:
+        every poll (bench mode's progress display). With `arrivals` (bench mode's open-loop phases),
+        their requests are queued when due, and while nothing else is to be done the loop sleeps
+        until the next one is."""
+        while True:
+            if arrivals is not None:
+                arrivals.admit_due()
+            wait = self.poll()
             if on_poll is not None:
                 on_poll()
-            if wait > 0:
-                sleep(wait)
+            until = arrivals.seconds_to_next() if arrivals is not None else None
+            if wait is None and until is None:
+                break
+            delay = min(d for d in (wait, until) if d is not None)
+            if delay > 0:
+                sleep(delay)
         if self.tracer is not None:
             self.tracer.flush()
+
+
+class Arrivals(Protocol):
+    """Requests that arrive while the loop runs."""
+
+    def admit_due(self) -> None:
+        """Queue every request whose arrival time has come."""
+
+    def seconds_to_next(self) -> float | None:
+        """Seconds until the next arrival (0 when overdue); None when none is left."""

@@ -47,12 +47,15 @@ def rust_unavailable_reason(bench: bool = False) -> str | None:
 
 
 def _requested_runtime(argv: list[str]) -> tuple[str, bool]:
-    """(--runtime, whether --bench-requests is given)."""
+    """(--runtime, whether bench mode is asked for: --bench-requests, or a flag that needs it, which
+    check_flags then refuses by name)."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--runtime", choices=["auto", PY, RS], default="auto")
     pre.add_argument("--bench-requests", type=int, default=0)
+    pre.add_argument("--bench-rate", default=None)
+    pre.add_argument("--bench-json", default=None)
     known, _ = pre.parse_known_args(argv)
-    return known.runtime, known.bench_requests > 0
+    return known.runtime, known.bench_requests > 0 or known.bench_rate is not None or known.bench_json is not None
 
 
 def select_runtime(requested: str, bench: bool = False) -> tuple[str, str | None]:

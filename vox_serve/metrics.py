@@ -8,11 +8,13 @@ Definitions (DESIGN.md):
   time); "all chunks" is 100 when every chunk is on time, else 0.
 - An underrun is a chunk that is not on time.
 - Throughput (RTF): audio seconds produced per wall second.
+- Arrivals of an open-loop load: Gamma-distributed gaps (shape 1 = Poisson), offsets from its start.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -34,6 +36,18 @@ class RequestTrace:
     @property
     def num_samples(self) -> int:
         return sum(n for _, n in self.chunks)
+
+
+def arrival_times(n: int, rate: float, shape: float, seed: int) -> list[float]:
+    """Offsets (s) of n arrivals with Gamma(shape, 1/(rate*shape)) gaps: mean gap 1/rate, the first at 0."""
+    if not rate > 0 or not shape > 0 or math.isinf(rate):
+        raise ValueError(f"arrival rate {rate} and shape {shape} must be finite and > 0")
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.gammavariate(shape, 1.0 / (rate * shape))
+    return out
 
 
 def ttfa(trace: RequestTrace) -> float | None:
@@ -83,6 +97,7 @@ class Summary:
     ttfa_p50: float
     ttfa_p90: float
     ttfa_p95: float
+    ttfa_p99: float
     latency_p90: float  # send to completion, every completed request
     viability: float  # mean per-request % of chunks on time (streaming requests)
     all_chunks: float  # % of streaming requests with every chunk on time
@@ -108,6 +123,7 @@ def summarize(traces: Sequence[RequestTrace], sample_rate: int) -> Summary:
     return Summary(
         num_requests=len(traces), num_completed=len(done), num_failed=len(traces) - len(done),
         ttfa_p50=percentile(ttfas, 50), ttfa_p90=percentile(ttfas, 90), ttfa_p95=percentile(ttfas, 95),
+        ttfa_p99=percentile(ttfas, 99),
         latency_p90=percentile(latencies, 90),
         viability=_mean(viability(t.chunks, sample_rate) for t in streams),
         all_chunks=_mean(all_chunks_viable(t.chunks, sample_rate) for t in streams),

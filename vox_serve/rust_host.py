@@ -1,9 +1,10 @@
 """What the Rust runtime (`vox_serve._rt.serve`) calls in Python, all off the step path except on CPU.
 
 Start-up: `build_engine_spec` builds the engine of one replica in this interpreter and returns its
-spec (JSON). Requests: `bench_requests` builds bench mode's requests with the program's own prompt
+spec (JSON). Requests: `bench_requests` builds a bench phase's requests with the program's own prompt
 builder (`--prompt-builder python`; Qwen3-TTS Base's reference-audio encoder runs here too) as plain
-data. Launches: on a CPU device a stage's handle is a callable and attention is planned by the
+data. After each phase the Rust side hands its outcomes to `bench_recorder`'s report (bench_report.py).
+Launches: on a CPU device a stage's handle is a callable and attention is planned by the
 torch backend through the spec's planner handle; `stage_runner` and `attention_planner` resolve
 them into functions of plain arguments.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from vox_serve.bench_report import BenchPhase, BenchRecorder, bench_phases
 from vox_serve.config import VoxConfig
 from vox_serve.core.request import Request, SamplingParams
 from vox_serve.core.stages import Stage
@@ -53,22 +55,36 @@ def _sampling(s: SamplingParams) -> dict[str, Any]:
     return dataclasses.asdict(s)
 
 
-def bench_requests(engine_id: int, config_json: str) -> str:
-    """Bench mode's requests (`bench-000` ...) as JSON, prompts built by the program; FieldError names a bad field."""
+def bench_recorder(engine_id: int, config_json: str) -> BenchRecorder:
+    """Bench mode's phases and report (vox_serve/bench_report.py), shared with the Python runtime."""
+    from vox_serve.engine.registry import get_engine
+
+    meta = get_engine(engine_id).program.meta
+    return BenchRecorder(VoxConfig.from_dict(json.loads(config_json)), meta.name, meta.sample_rate)
+
+
+def _phase(config: VoxConfig, phase: int) -> BenchPhase:
+    return bench_phases(config)[phase]
+
+
+def bench_requests(engine_id: int, config_json: str, phase: int = 0) -> str:
+    """Bench mode's requests of one phase as JSON, prompts built by the program; FieldError names a bad field."""
     from vox_serve.bench import bench_fields
     from vox_serve.engine.registry import get_engine
 
     config = VoxConfig.from_dict(json.loads(config_json))
     program = get_engine(engine_id).program
     fields = bench_fields(config)
-    return json.dumps([_request_data(build_request(program.meta, program.preprocess, fields, f"bench-{i:03d}",
-                                                   config.bench.greedy, seed=config.model.seed + i))
-                       for i in range(config.bench.num_requests)])
+    p = _phase(config, phase)
+    return json.dumps([_request_data(build_request(program.meta, program.preprocess, fields, req_id,
+                                                   config.bench.greedy, seed=seed))
+                       for req_id, seed in zip(p.req_ids, p.seeds, strict=True)])
 
 
-def bench_request_fields(engine_id: int, config_json: str) -> str:
-    """Bench mode's requests as validated fields and sampling parameters, for prompts built in Rust (JSON;
-    an uploaded file is `true`: only its presence matters there). FieldError names a bad field."""
+def bench_request_fields(engine_id: int, config_json: str, phase: int = 0) -> str:
+    """Bench mode's requests of one phase as validated fields and sampling parameters, for prompts built
+    in Rust (JSON; an uploaded file is `true`: only its presence matters there). FieldError names a bad
+    field."""
     from vox_serve.bench import bench_fields
     from vox_serve.engine.registry import get_engine
     from vox_serve.request_builder import request_fields
@@ -76,9 +92,10 @@ def bench_request_fields(engine_id: int, config_json: str) -> str:
     config = VoxConfig.from_dict(json.loads(config_json))
     meta = get_engine(engine_id).program.meta
     out = []
-    for i in range(config.bench.num_requests):
-        clean, sampling = request_fields(meta, bench_fields(config), config.bench.greedy, config.model.seed + i)
-        out.append({"req_id": f"bench-{i:03d}", "streaming": clean.get("streaming", True),
+    p = _phase(config, phase)
+    for req_id, seed in zip(p.req_ids, p.seeds, strict=True):
+        clean, sampling = request_fields(meta, bench_fields(config), config.bench.greedy, seed)
+        out.append({"req_id": req_id, "streaming": clean.get("streaming", True),
                     "fields": {k: True if isinstance(v, bytes | bytearray) else v for k, v in clean.items()},
                     "sampling": _sampling(sampling)})
     return json.dumps(out)

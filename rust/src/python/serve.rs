@@ -4,19 +4,19 @@
 //! `vox_serve.engine.build_engine`), then a scheduler thread serves it from its spec: the Rust
 //! scheduler plans, the engine driver writes and launches, and the calling thread waits with the
 //! GIL released. This build serves bench mode (`--bench-requests N`); serving over HTTP is the
-//! next issue.
-
-use std::path::PathBuf;
+//! next issue. Bench mode runs its phases (`--bench-rate`) on one engine loop, each on a scheduler
+//! thread, and hands each phase's outcomes to vox_serve/bench_report.py, which reports both runtimes.
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
 use serde_json::Value;
 
 use crate::driver::{EngineSpec, EngineWorker};
-use crate::sched::engine_loop::EngineLoop;
+use crate::sched::engine_loop::{EngineLoop, Worker};
 use crate::sched::trace::Tracer;
 use crate::sched::{Clock, Request, Scheduler, SchedulerConfig};
-use crate::serve::bench::{self, Outcome};
+use crate::serve::bench::{self, Arrival, Outcome};
 use crate::serve::cuda_launcher::CudaLauncher;
 use crate::serve::py_launcher::{PyHandles, PyLauncher};
 use crate::serve::{prompts, requests};
@@ -32,11 +32,16 @@ fn section<'a>(config: &'a Value, name: &str) -> PyResult<&'a Value> {
     config.get(name).ok_or_else(|| value_err(format!("config.{name} is missing")))
 }
 
-/// Run the requests on a scheduler thread of their own; the caller waits without the GIL.
-fn run_on_thread<W: crate::sched::engine_loop::Worker + Send + 'static>(
-    py: Python, mut lp: EngineLoop<W>, reqs: Vec<Request>) -> PyResult<(Vec<Outcome>, f64)> {
+/// Run one phase on a scheduler thread of its own, the caller waiting without the GIL; the loop
+/// comes back for the next phase.
+fn run_on_thread<W: Worker + Send + 'static>(py: Python, mut lp: EngineLoop<W>, arrivals: Vec<Arrival>)
+                                            -> PyResult<(EngineLoop<W>, Vec<Outcome>, f64)> {
     let thread = std::thread::Builder::new().name("vox-scheduler-0".into())
-        .spawn(move || bench::run(&mut lp, reqs)).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        .spawn(move || {
+            let (outcomes, wall) = bench::run(&mut lp, arrivals);
+            (lp, outcomes, wall)
+        })
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
     py.allow_threads(move || thread.join()).map_err(|_| PyRuntimeError::new_err("the scheduler thread panicked"))
 }
 
@@ -58,31 +63,89 @@ fn parse_list(text: &str) -> PyResult<Vec<Value>> {
     items.as_array().cloned().ok_or_else(|| value_err("requests: not a list".into()))
 }
 
-/// Bench mode's requests: fields validated in Python, prompts built by the Rust builder where it
-/// can (else by the program's `preprocess`, off the step path). Err: a message for the user.
-fn bench_requests(py: Python, host: &PyModule, spec: &EngineSpec, config_json: &str,
-                  builder: Option<&crate::models::PromptBuilder>, builder_spec: &Value)
-                  -> PyResult<Result<Vec<Request>, String>> {
-    if let Some(b) = builder {
-        let items = match host.call_method1("bench_request_fields", (spec.engine_id, config_json)) {
-            Ok(text) => parse_list(&text.extract::<String>()?)?,
-            Err(e) => return Ok(Err(user_error(py, host, e)?)),
-        };
-        let rust_builds = items.iter().all(|i| prompts::builds(builder_spec, i.get("fields").unwrap_or(&Value::Null)));
-        if rust_builds {
-            eprintln!("vox-serve: prompts built in Rust ({} builder)", b.kind());
-            let built: Result<Vec<_>, String> = items.iter().map(|i| prompts::request(b, i)).collect();
-            return Ok(built.map_err(|m| format!("--bench-kwargs/--bench-text: {m}")));
+/// What bench mode needs besides the engine loop: the host module, the spec and the prompt builder.
+struct Bench<'a> {
+    py: Python<'a>,
+    host: &'a PyModule,
+    spec: &'a EngineSpec,
+    config_json: &'a str,
+    builder: Option<&'a crate::models::PromptBuilder>,
+    builder_spec: &'a Value,
+}
+
+impl Bench<'_> {
+    /// Phase `phase`'s requests: fields validated in Python, prompts built by the Rust builder where
+    /// it can (else by the program's `preprocess`, off the step path). Err: a message for the user.
+    fn requests(&self, phase: usize) -> PyResult<Result<Vec<Request>, String>> {
+        let (py, host, engine_id) = (self.py, self.host, self.spec.engine_id);
+        if let Some(b) = self.builder {
+            let items = match host.call_method1("bench_request_fields", (engine_id, self.config_json, phase)) {
+                Ok(text) => parse_list(&text.extract::<String>()?)?,
+                Err(e) => return Ok(Err(user_error(py, host, e)?)),
+            };
+            let no_fields = Value::Null;
+            if items.iter().all(|i| prompts::builds(self.builder_spec, i.get("fields").unwrap_or(&no_fields))) {
+                if phase == 0 {
+                    eprintln!("vox-serve: prompts built in Rust ({} builder)", b.kind());
+                }
+                let built: Result<Vec<_>, String> = items.iter().map(|i| prompts::request(b, i)).collect();
+                return Ok(built.map_err(|m| format!("--bench-kwargs/--bench-text: {m}")));
+            }
+        }
+        if phase == 0 {
+            eprintln!("vox-serve: prompts built by the program's preprocess (Python)");
+        }
+        match host.call_method1("bench_requests", (engine_id, self.config_json, phase)) {
+            Ok(text) => {
+                let items = parse_list(&text.extract::<String>()?)?;
+                Ok(Ok(items.iter().map(requests::request).collect::<Result<Vec<_>, _>>().map_err(value_err)?))
+            }
+            Err(e) => Ok(Err(user_error(py, host, e)?)),
         }
     }
-    eprintln!("vox-serve: prompts built by the program's preprocess (Python)");
-    match host.call_method1("bench_requests", (spec.engine_id, config_json)) {
-        Ok(text) => {
-            let items = parse_list(&text.extract::<String>()?)?;
-            Ok(Ok(items.iter().map(requests::request).collect::<Result<Vec<_>, _>>().map_err(value_err)?))
+
+    /// Every phase of the run (vox_serve/bench_report.py `bench_phases`) on the same engine loop, each
+    /// reported by the Python recorder when it has drained; the exit status.
+    fn run_phases<W: Worker + Send + 'static>(&self, mut lp: EngineLoop<W>) -> PyResult<i32> {
+        let recorder = self.host.call_method1("bench_recorder", (self.spec.engine_id, self.config_json))?;
+        let phases: Vec<&PyAny> = recorder.getattr("phases")?.extract()?;
+        let outcome_type = self.py.import("vox_serve.bench_report")?.getattr("BenchOutcome")?;
+        for (k, phase) in phases.iter().enumerate() {
+            let offsets: Vec<f64> = phase.getattr("offsets")?.extract()?;
+            let reqs = match self.requests(k)? {
+                Ok(reqs) => reqs,
+                Err(message) => {
+                    eprintln!("vox-serve: error: {message}");
+                    return Ok(2);
+                }
+            };
+            if reqs.len() != offsets.len() {
+                return Err(value_err(format!("phase {k}: {} requests for {} arrivals", reqs.len(), offsets.len())));
+            }
+            let arrivals = reqs.into_iter().zip(offsets).map(|(req, offset)| Arrival { req, offset }).collect();
+            let (back, outcomes, wall) = run_on_thread(self.py, lp, arrivals)?;
+            lp = back;
+            let list = outcomes.iter().map(|o| outcome_object(self.py, outcome_type, o)).collect::<PyResult<Vec<_>>>()?;
+            recorder.call_method1("phase_done", (k, list, wall))?;
         }
-        Err(e) => Ok(Err(user_error(py, host, e)?)),
+        recorder.call_method0("finish")?.extract()
     }
+}
+
+/// A request's outcome as vox_serve.bench_report.BenchOutcome.
+fn outcome_object(py: Python, outcome_type: &PyAny, o: &Outcome) -> PyResult<PyObject> {
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("req_id", &o.req.req_id)?;
+    kwargs.set_item("offset", o.offset)?;
+    kwargs.set_item("streaming", o.req.streaming)?;
+    kwargs.set_item("admitted", o.admitted)?;
+    kwargs.set_item("chunks", o.chunks.clone())?;
+    kwargs.set_item("pcm", PyBytes::new(py, &o.pcm))?;
+    kwargs.set_item("finished", o.finished)?;
+    kwargs.set_item("finish_reason", o.req.finish_reason.clone())?;
+    kwargs.set_item("error", o.req.error.clone())?;
+    kwargs.set_item("num_generated", o.req.counters.num_generated)?;
+    Ok(outcome_type.call((), Some(kwargs))?.into_py(py))
 }
 
 /// Serve `config` (VoxConfig.to_dict() as JSON); returns the process's exit status.
@@ -102,28 +165,20 @@ fn serve(py: Python, config_json: &str) -> PyResult<i32> {
     let use_rust = config.get("engine").and_then(|e| e.get("prompt_builder")).and_then(Value::as_str) != Some("python");
     let builder_spec = spec_value.get("meta").and_then(|m| m.get("prompt_builder")).cloned().unwrap_or(Value::Null);
     let builder = if use_rust { prompts::builder_of(&builder_spec).map_err(value_err)? } else { None };
-    let reqs = match bench_requests(py, host, &spec, config_json, builder.as_ref(), &builder_spec)? {
-        Ok(reqs) => reqs,
-        Err(message) => {
-            eprintln!("vox-serve: error: {message}");
-            return Ok(2);
-        }
-    };
+    let bench = Bench { py, host, spec: &spec, config_json, builder: builder.as_ref(), builder_spec: &builder_spec };
     let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched.clone(), Clock::Monotonic);
     let trace = tracer(&sched)?;
-    let (outcomes, wall) = if spec.on_cuda() {
+    if spec.on_cuda() {
         let stream: u64 = host.call_method1("launch_stream", (spec.device.as_str(),))?.extract()?;
         let handles = PyHandles::new(py, host, &spec, Some(stream))?;
         let launcher = CudaLauncher::new(&spec, stream, handles, trace.is_some()).map_err(value_err)?;
         let worker = EngineWorker::new(&spec, launcher).map_err(value_err)?;
-        run_on_thread(py, EngineLoop::new(scheduler, worker, trace), reqs)?
+        bench.run_phases(EngineLoop::new(scheduler, worker, trace))
     } else {
         let launcher = PyLauncher { handles: PyHandles::new(py, host, &spec, None)? };
         let worker = EngineWorker::new(&spec, launcher).map_err(value_err)?;
-        run_on_thread(py, EngineLoop::new(scheduler, worker, trace), reqs)?
-    };
-    let out_dir = bench_cfg.get("out_dir").and_then(Value::as_str).map(PathBuf::from);
-    bench::report(&outcomes, wall, spec.meta.sample_rate, out_dir.as_deref()).map_err(value_err)
+        bench.run_phases(EngineLoop::new(scheduler, worker, trace))
+    }
 }
 
 /// benchmark/host_cost.py `--runtime rust`: (seconds per step, decode rows, codec rows) of the Rust
@@ -180,9 +235,10 @@ fn run_requests(py: Python, spec_json: &str, scheduler_json: &str, requests_json
     let launcher = PyLauncher { handles: PyHandles::new(py, host, &spec, None)? };
     let worker = EngineWorker::new(&spec, launcher).map_err(value_err)?;
     let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched, Clock::Monotonic);
-    let (outcomes, _) = run_on_thread(py, EngineLoop::new(scheduler, worker, None), reqs)?;
+    let arrivals = reqs.into_iter().map(|req| Arrival { req, offset: 0.0 }).collect();
+    let (_, outcomes, _) = run_on_thread(py, EngineLoop::new(scheduler, worker, None), arrivals)?;
     Ok(outcomes.into_iter().map(|o| {
-        let pcm = pyo3::types::PyBytes::new(py, &o.pcm).into_py(py);
+        let pcm = PyBytes::new(py, &o.pcm).into_py(py);
         (o.req.req_id, o.req.finish_reason, o.req.error, o.req.counters.num_generated, pcm)
     }).collect())
 }

@@ -1,120 +1,120 @@
-//! Bench mode's run and report (vox_serve/bench.py): N requests through the scheduler thread
-//! without HTTP, then one line per request, the RTF, and a WAV file per request.
+//! Bench mode's run (vox_serve/bench.py): one phase of requests through the scheduler thread
+//! without HTTP, each queued when its arrival offset from the phase start has come. The outcomes
+//! go back to Python, which reports them for both runtimes (vox_serve/bench_report.py).
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::sched::engine_loop::{EngineLoop, Worker};
 use crate::sched::{Event, ReqKey, Request};
 
-/// A request's outcome: its final state and its audio.
-pub struct Outcome {
+/// A request and when it arrives: seconds from the phase start.
+pub struct Arrival {
     pub req: Request,
-    pub pcm: Vec<u8>,
+    pub offset: f64,
 }
 
-/// Run `requests` to their ends on the calling thread (the replica's scheduler thread); returns
-/// them in order with the wall seconds from the first arrival to the last end.
-pub fn run<W: Worker>(lp: &mut EngineLoop<W>, requests: Vec<Request>) -> (Vec<Outcome>, f64) {
-    let start = Instant::now();
-    let mut index: HashMap<ReqKey, usize> = HashMap::new();
-    let mut out: Vec<Option<Outcome>> = Vec::with_capacity(requests.len());
-    let mut pcm: Vec<Vec<u8>> = vec![Vec::new(); requests.len()];
-    let by_id: HashMap<String, usize> = requests.iter().enumerate().map(|(i, r)| (r.req_id.clone(), i)).collect();
-    for (i, req) in requests.into_iter().enumerate() {
-        let copy = req.clone();
-        match lp.scheduler.add_request(req) {
-            Ok(key) => {
-                index.insert(key, i);
-                out.push(None);
-            }
-            Err(e) => {
-                let mut failed = copy;
-                failed.finish_reason = Some("error".into());
-                failed.error = Some(e.to_string());
-                out.push(Some(Outcome { req: failed, pcm: Vec::new() }));
-            }
-        }
+/// A request's outcome: its final state, when it was queued, its audio chunks and its end (seconds
+/// from the phase start).
+pub struct Outcome {
+    pub req: Request,
+    pub offset: f64,
+    /// None: the scheduler refused it (the error says why).
+    pub admitted: Option<f64>,
+    /// (arrival, samples) of each audio chunk.
+    pub chunks: Vec<(f64, usize)>,
+    pub pcm: Vec<u8>,
+    pub finished: Option<f64>,
+}
+
+/// One phase in flight: its clock, the outcomes so far, and the next request to queue.
+struct Phase {
+    start: Instant,
+    outcomes: Vec<Outcome>,
+    next: usize,
+    by_key: HashMap<ReqKey, usize>,
+    by_id: HashMap<String, usize>,
+}
+
+impl Phase {
+    fn new(arrivals: Vec<Arrival>) -> Phase {
+        let by_id = arrivals.iter().enumerate().map(|(i, a)| (a.req.req_id.clone(), i)).collect();
+        let outcomes = arrivals.into_iter().map(|a| Outcome { req: a.req, offset: a.offset, admitted: None,
+                                                              chunks: Vec::new(), pcm: Vec::new(), finished: None })
+            .collect();
+        Phase { start: Instant::now(), outcomes, next: 0, by_key: HashMap::new(), by_id }
     }
-    loop {
-        let wait = lp.poll();
-        for event in lp.scheduler.events.drain(..) {
-            match event {
-                Event::Audio { key, pcm: chunk } => pcm[index[&key]].extend_from_slice(&chunk),
-                Event::Done(req) => {
-                    let i = by_id[&req.req_id];
-                    out[i] = Some(Outcome { req: *req, pcm: std::mem::take(&mut pcm[i]) });
+
+    fn now(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    /// Queue every request whose offset has come (offsets are in order); a refused one fails.
+    fn admit_due<W: Worker>(&mut self, lp: &mut EngineLoop<W>) {
+        while self.next < self.outcomes.len() && self.outcomes[self.next].offset <= self.now() {
+            let i = self.next;
+            self.next += 1;
+            let now = self.now();
+            let outcome = &mut self.outcomes[i];
+            match lp.scheduler.add_request(outcome.req.clone()) {
+                Ok(key) => {
+                    self.by_key.insert(key, i);
+                    outcome.admitted = Some(now);
+                }
+                Err(e) => {
+                    outcome.req.finish_reason = Some("error".into());
+                    outcome.req.error = Some(e.to_string());
                 }
             }
         }
-        match wait {
-            None => break,
-            Some(w) if w > 0.0 => std::thread::sleep(Duration::from_secs_f64(w)),
-            Some(_) => {}
+    }
+
+    /// The scheduler's events since the last poll, timed now.
+    fn collect<W: Worker>(&mut self, lp: &mut EngineLoop<W>) {
+        let now = self.now();
+        for event in lp.scheduler.events.drain(..) {
+            match event {
+                Event::Audio { key, pcm } => {
+                    let outcome = &mut self.outcomes[self.by_key[&key]];
+                    outcome.chunks.push((now, pcm.len() / 2));
+                    outcome.pcm.extend_from_slice(&pcm);
+                }
+                Event::Done(req) => {
+                    let outcome = &mut self.outcomes[self.by_id[&req.req_id]];
+                    outcome.req = *req;
+                    outcome.finished = Some(now);
+                }
+            }
+        }
+    }
+
+    /// Seconds until the next arrival (0 when it is due); None when every request is queued.
+    fn until_next(&self) -> Option<f64> {
+        self.outcomes.get(self.next).map(|o| (o.offset - self.now()).max(0.0))
+    }
+}
+
+/// Run one phase to its end on the calling thread (the replica's scheduler thread): requests are
+/// queued at their offsets, and while nothing can run the thread sleeps until the next arrival (or
+/// the policy's own wake-up). Returns the outcomes in order and the phase's wall seconds.
+pub fn run<W: Worker>(lp: &mut EngineLoop<W>, arrivals: Vec<Arrival>) -> (Vec<Outcome>, f64) {
+    let mut phase = Phase::new(arrivals);
+    loop {
+        phase.admit_due(lp);
+        let wait = lp.poll();
+        phase.collect(lp);
+        let delay = match (wait, phase.until_next()) {
+            (None, None) => break,
+            (Some(w), None) | (None, Some(w)) => w,
+            (Some(w), Some(a)) => w.min(a),
+        };
+        if delay > 0.0 {
+            std::thread::sleep(Duration::from_secs_f64(delay));
         }
     }
     if let Some(t) = lp.tracer.as_mut() {
         t.flush();
     }
-    let wall = start.elapsed().as_secs_f64();
-    (out.into_iter().map(|o| o.expect("every request ends")).collect(), wall)
-}
-
-/// A complete WAV file (RIFF, PCM16 mono) around `pcm` (vox_serve/audio.py `wav_bytes`).
-pub fn wav_bytes(pcm: &[u8], sample_rate: u32) -> Vec<u8> {
-    let data = pcm.len() as u32;
-    let mut out = Vec::with_capacity(44 + pcm.len());
-    out.extend_from_slice(b"RIFF");
-    out.extend_from_slice(&(36 + data).to_le_bytes());
-    out.extend_from_slice(b"WAVEfmt ");
-    out.extend_from_slice(&16u32.to_le_bytes());
-    out.extend_from_slice(&1u16.to_le_bytes());
-    out.extend_from_slice(&1u16.to_le_bytes());
-    out.extend_from_slice(&sample_rate.to_le_bytes());
-    out.extend_from_slice(&(sample_rate * 2).to_le_bytes());
-    out.extend_from_slice(&2u16.to_le_bytes());
-    out.extend_from_slice(&16u16.to_le_bytes());
-    out.extend_from_slice(b"data");
-    out.extend_from_slice(&data.to_le_bytes());
-    out.extend_from_slice(pcm);
-    out
-}
-
-/// The per-request lines and the RTF line on stdout, WAVs in `out_dir`; the exit status (1 when a
-/// request failed).
-pub fn report(outcomes: &[Outcome], wall: f64, sample_rate: i64, out_dir: Option<&Path>) -> Result<i32, String> {
-    if let Some(dir) = out_dir {
-        std::fs::create_dir_all(dir).map_err(|e| format!("--bench-out {}: {e}", dir.display()))?;
-    }
-    let stdout = std::io::stdout();
-    let mut o = stdout.lock();
-    let mut total_audio = 0.0;
-    let _ = writeln!(o, "{:<10} {:>9} {:>10} {:>8} {:>7}  finish", "request", "ttfa_ms", "latency_s", "audio_s", "tokens");
-    for Outcome { req, pcm } in outcomes {
-        let seconds = pcm.len() as f64 / 2.0 / sample_rate as f64;
-        total_audio += seconds;
-        let s = &req.stats;
-        let ttfa = match s.first_audio {
-            Some(t) => format!("{:9.1}", (t - s.arrival) * 1000.0),
-            None => format!("{:>9}", "-"),
-        };
-        let latency = s.finished.unwrap_or(s.arrival) - s.arrival;
-        let finish = req.finish_reason.clone().unwrap_or_else(|| "None".into());
-        let reason = match &req.error {
-            None => finish,
-            Some(e) => format!("{finish} ({e})"),
-        };
-        let _ = writeln!(o, "{:<10} {ttfa} {latency:10.2} {seconds:8.2} {:7}  {reason}", req.req_id,
-                         req.counters.num_generated);
-        if let Some(dir) = out_dir {
-            let path = dir.join(format!("{}.wav", req.req_id));
-            std::fs::write(&path, wav_bytes(pcm, sample_rate as u32)).map_err(|e| format!("{}: {e}", path.display()))?;
-        }
-    }
-    let _ = writeln!(o, "total audio {total_audio:.2}s in {wall:.2}s wall: RTF {:.2}x real time ({} requests)",
-                     total_audio / wall, outcomes.len());
-    let _ = o.flush();
-    Ok(if outcomes.iter().any(|o| o.req.error.is_some()) { 1 } else { 0 })
+    let wall = phase.now();
+    (phase.outcomes, wall)
 }
