@@ -18,8 +18,13 @@ if [ -f .fiaot.tgz ] && [ -d /tmp/site/flashinfer ]; then
   mkdir -p /tmp/site/flashinfer/data/aot && tar xzf .fiaot.tgz -C /tmp/site/flashinfer/data/aot
 fi
 # espeak-ng for Zonos' text prompts on a host without it (scripts/pack_espeak.sh), carried as .espeak.tgz.
+# Only the libraries the host lacks stay on LD_LIBRARY_PATH: its own (newer) ones must win for everything else.
 if [ -f .espeak.tgz ]; then
   mkdir -p /tmp/espeak && tar xzf .espeak.tgz -C /tmp/espeak
+  for lib in /tmp/espeak/lib/*.so*; do
+    name=$(basename "$lib")
+    [ "$name" != libespeak-ng.so.1 ] && ldconfig -p | awk '{print $1}' | grep -qxF "$name" && rm -f "$lib"
+  done
   export LD_LIBRARY_PATH=/tmp/espeak/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export PHONEMIZER_ESPEAK_LIBRARY=/tmp/espeak/lib/libespeak-ng.so.1 ESPEAK_DATA_PATH=/tmp/espeak/espeak-ng-data
 fi
