@@ -148,11 +148,14 @@ impl LaunchPlanner {
         Ok(())
     }
 
-    /// A plan of `w` for one-token sequences of one page each.
+    /// A plan of `w` for sequences of one page each: one token each, as many as its token rows hold (the
+    /// rest empty, as a captured prefill's padded sequences are).
     fn probe(&mut self, w: &WrapperSpec) -> Result<Plan, String> {
-        let offsets: Vec<i32> = (0..=w.rows as i32).collect();
+        let pages: Vec<i32> = (0..=w.rows as i32).collect();
+        let tokens = w.max_total_num_rows.unwrap_or(w.rows) as i32;
+        let qo: Vec<i32> = pages.iter().map(|&i| i.min(tokens)).collect();
         let kv_lens = vec![1; w.rows];
-        self.run_planner(w, &offsets, &offsets, &kv_lens, 0)
+        self.run_planner(w, &qo, &pages, &kv_lens, 0)
     }
 
     /// Region `index` (of 4: parity x {prefill, decode}).
