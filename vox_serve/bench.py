@@ -122,7 +122,8 @@ class PhaseArrivals:
         return max(self.phase.offsets[self._next] - self.now(), 0.0)
 
 
-def _phase_requests(program: Program, fields: dict[str, Any], phase: BenchPhase, greedy: bool) -> list[Request]:
+def phase_requests(program: Program, fields: dict[str, Any], phase: BenchPhase, greedy: bool) -> list[Request]:
+    """A phase's requests, prompts built by the program (both runtimes' bench mode)."""
     return [build_request(program.meta, program.preprocess, fields, req_id, greedy, seed=seed)
             for req_id, seed in zip(phase.req_ids, phase.seeds, strict=True)]
 
@@ -142,7 +143,7 @@ def run_bench(config: VoxConfig) -> int:
     recorder = BenchRecorder(config, meta.name, meta.sample_rate)
     for phase in recorder.phases:
         try:
-            requests = _phase_requests(program, fields, phase, config.bench.greedy)
+            requests = phase_requests(program, fields, phase, config.bench.greedy)
         except FieldError as exc:
             print(f"vox-serve: error: --bench-kwargs/--bench-text: {exc}", file=sys.stderr)
             return 2

@@ -25,7 +25,7 @@ from vox_serve.config import VoxConfig
 from vox_serve.core.request import Request, SamplingParams
 from vox_serve.core.stages import Stage
 from vox_serve.progress import Progress
-from vox_serve.request_builder import FieldError, build_request
+from vox_serve.request_builder import FieldError
 
 
 def build_engine_spec(config_json: str) -> str:
@@ -69,16 +69,13 @@ def _phase(config: VoxConfig, phase: int) -> BenchPhase:
 
 def bench_requests(engine_id: int, config_json: str, phase: int = 0) -> str:
     """Bench mode's requests of one phase as JSON, prompts built by the program; FieldError names a bad field."""
-    from vox_serve.bench import bench_fields
+    from vox_serve.bench import bench_fields, phase_requests
     from vox_serve.engine.registry import get_engine
 
     config = VoxConfig.from_dict(json.loads(config_json))
     program = get_engine(engine_id).program
-    fields = bench_fields(config)
-    p = _phase(config, phase)
-    return json.dumps([_request_data(build_request(program.meta, program.preprocess, fields, req_id,
-                                                   config.bench.greedy, seed=seed))
-                       for req_id, seed in zip(p.req_ids, p.seeds, strict=True)])
+    requests = phase_requests(program, bench_fields(config), _phase(config, phase), config.bench.greedy)
+    return json.dumps([_request_data(req) for req in requests])
 
 
 def bench_request_fields(engine_id: int, config_json: str, phase: int = 0) -> str:

@@ -59,7 +59,10 @@ def _rows(state: SlotState, step_in: Arena, prefix: str, batch: int) -> tuple[Te
 
 def gather_window_inputs(state: SlotState, step_in: Arena, prefix: str, batch: int, window: int) -> WindowInputs:
     """The windows of the launch's rows, gathered from their slots' codes (and latents)."""
-    slot, first, end = _rows(state, step_in, prefix, batch)
+    return _gather(state, *_rows(state, step_in, prefix, batch), window)
+
+
+def _gather(state: SlotState, slot: Tensor, first: Tensor, end: Tensor, window: int) -> WindowInputs:
     frames = frame_index(first, end, window)
     cpf = state.codes_per_frame
     index = frames[:, :, None] * cpf + torch.arange(cpf, device=slot.device)
@@ -74,7 +77,7 @@ def codec_window(state: SlotState, step_in: Arena, step_out: Arena, prefix: str,
     else gathered here from the slots."""
     slot, first, end = _rows(state, step_in, prefix, batch)
     if inputs is None:
-        inputs = gather_window_inputs(state, step_in, prefix, batch, window)
+        inputs = _gather(state, slot, first, end, window)
     return CodecWindow(codes=inputs.codes, first_frame=first, seed=state["seed"][slot], slot=slot,
                        latents=inputs.latents, pcm_out=step_out.dev[f"{prefix}_pcm"], window_end=end)
 
