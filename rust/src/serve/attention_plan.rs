@@ -21,9 +21,9 @@ use crate::planner::{self, AttentionShape, Plan, PlannerDevice, PrefillOptions, 
 /// Occupancies tried when reproducing the captured decode plans.
 const MAX_BLOCKS_PER_SM: i32 = 64;
 
-/// One asynchronous host-to-device copy of a launch.
+/// One asynchronous host-to-device copy a launch needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Copy {
+pub struct Upload {
     pub dst: u64,
     pub src: u64,
     pub nbytes: usize,
@@ -59,12 +59,19 @@ pub struct LaunchPlanner {
     region_bytes: usize,
 }
 
-/// Host bytes a spec's planners need (`regions` of `LaunchPlanner::new`).
+fn wrappers(planners: &Planners) -> impl Iterator<Item = &WrapperSpec> + Clone {
+    planners.decode.values().chain(planners.prefill.values())
+}
+
+/// The largest integer workspace of the spec's wrappers (what each region holds first).
+fn int_workspace_bytes(planners: &Planners) -> usize {
+    wrappers(planners).map(|w| w.int_workspace.nbytes as usize).max().unwrap_or(0)
+}
+
+/// Host bytes of one region: an integer workspace, then a launch's KV lengths.
 pub fn region_bytes(planners: &Planners) -> usize {
-    let all = planners.decode.values().chain(planners.prefill.values());
-    let int_bytes = all.clone().map(|w| w.int_workspace.nbytes as usize).max().unwrap_or(0);
-    let rows = all.map(|w| w.rows).max().unwrap_or(0);
-    align(int_bytes) + align(rows * 4)
+    let rows = wrappers(planners).map(|w| w.rows).max().unwrap_or(0);
+    align(int_workspace_bytes(planners)) + align(rows * 4)
 }
 
 pub fn regions_needed(planners: &Planners) -> usize {
@@ -104,10 +111,9 @@ impl LaunchPlanner {
         let Geometry { num_q_heads, num_kv_heads, head_dim, dtype_bytes } = spec.geometry;
         let shape = AttentionShape { num_qo_heads: num_q_heads, num_kv_heads, head_dim_qk: head_dim,
                                      head_dim_vo: head_dim, page_size: spec.page_size as u32 };
-        let all = spec.planners.decode.values().chain(spec.planners.prefill.values());
-        let int_bytes = all.map(|w| w.int_workspace.nbytes as usize).max().unwrap_or(0);
         let mut planner = LaunchPlanner { device, shape, dtype_bytes, planners: spec.planners.clone(), fields, regions,
-                                          int_bytes, region_bytes: region_bytes(&spec.planners) };
+                                          int_bytes: int_workspace_bytes(&spec.planners),
+                                          region_bytes: region_bytes(&spec.planners) };
         planner.calibrate()?;
         planner.check_captured()?;
         Ok(planner)
@@ -123,11 +129,12 @@ impl LaunchPlanner {
     /// decode plan (with `num_sm >= num_kv_heads` a split plan pins it down; plans that do not split
     /// do not depend on it).
     fn calibrate(&mut self) -> Result<(), String> {
-        let decode: Vec<WrapperSpec> = self.planners.decode.values().filter(|w| w.kind == PlannerKind::Decode)
-            .cloned().collect();
+        let mut device = self.device;
+        let decode = self.planners.decode.values().filter(|w| w.kind == PlannerKind::Decode);
         for blocks in 1..=MAX_BLOCKS_PER_SM {
-            self.device.decode_blocks_per_sm = blocks;
-            if decode.iter().all(|w| self.probe(w).map(|p| p.info == w.plan_info).unwrap_or(false)) {
+            device.decode_blocks_per_sm = blocks;
+            if decode.clone().all(|w| self.probe(&device, w).map(|p| p.info == w.plan_info).unwrap_or(false)) {
+                self.device = device;
                 return Ok(());
             }
         }
@@ -135,11 +142,9 @@ impl LaunchPlanner {
     }
 
     /// Every wrapper, planned for a launch of one-token sequences, gives the plan it was captured with.
-    fn check_captured(&mut self) -> Result<(), String> {
-        let wrappers: Vec<WrapperSpec> = self.planners.decode.values().chain(self.planners.prefill.values())
-            .cloned().collect();
-        for w in &wrappers {
-            let plan = self.probe(w)?;
+    fn check_captured(&self) -> Result<(), String> {
+        for w in wrappers(&self.planners) {
+            let plan = self.probe(&self.device, w)?;
             if plan.info != w.plan_info {
                 return Err(format!("the {:?} planner does not reproduce the captured plan of {} rows: {:?} vs {:?}",
                                    w.kind, w.rows, plan.info, w.plan_info));
@@ -150,12 +155,12 @@ impl LaunchPlanner {
 
     /// A plan of `w` for sequences of one page each: one token each, as many as its token rows hold (the
     /// rest empty, as a captured prefill's padded sequences are).
-    fn probe(&mut self, w: &WrapperSpec) -> Result<Plan, String> {
+    fn probe(&self, device: &PlannerDevice, w: &WrapperSpec) -> Result<Plan, String> {
         let pages: Vec<i32> = (0..=w.rows as i32).collect();
         let tokens = w.max_total_num_rows.unwrap_or(w.rows) as i32;
         let qo: Vec<i32> = pages.iter().map(|&i| i.min(tokens)).collect();
         let kv_lens = vec![1; w.rows];
-        self.run_planner(w, &qo, &pages, &kv_lens, 0)
+        self.run_planner(device, w, &qo, &pages, &kv_lens, 0)
     }
 
     /// Region `index` (of 4: parity x {prefill, decode}).
@@ -164,8 +169,9 @@ impl LaunchPlanner {
         unsafe { self.regions.base.add(index * self.region_bytes) }
     }
 
-    fn run_planner(&mut self, w: &WrapperSpec, qo: &[i32], indptr: &[i32], kv_lens: &[i32], region: usize
-                   ) -> Result<Plan, String> {
+    /// Plan `w` into region `region` (written through the regions' raw pointer: no Rust reference aliases it).
+    fn run_planner(&self, device: &PlannerDevice, w: &WrapperSpec, qo: &[i32], indptr: &[i32], kv_lens: &[i32],
+                   region: usize) -> Result<Plan, String> {
         // SAFETY: the region lies inside the regions (checked in new()) and is int_bytes long.
         let host_int = unsafe { std::slice::from_raw_parts_mut(self.region(region), self.int_bytes) };
         let mut ws = Workspace { float_addr: w.float_workspace.ptr, float_bytes: w.float_workspace.nbytes,
@@ -173,13 +179,13 @@ impl LaunchPlanner {
         let opts = PrefillOptions { cuda_graph: true, sizeof_dtype_o: self.dtype_bytes, ..PrefillOptions::default() };
         let total_rows = w.max_total_num_rows.unwrap_or(w.rows) as u32;
         match w.kind {
-            PlannerKind::Decode => planner::decode(&self.device, &self.shape, &mut ws, indptr, true),
+            PlannerKind::Decode => planner::decode(device, &self.shape, &mut ws, indptr, true),
             PlannerKind::DecodeTensorCores => {
                 let one_each: Vec<i32> = (0..=w.rows as i32).collect();
-                planner::prefill(&self.device, &self.shape, &mut ws, &one_each, indptr, w.rows as u32, &opts)
+                planner::prefill(device, &self.shape, &mut ws, &one_each, indptr, w.rows as u32, &opts)
             }
-            PlannerKind::PrefillFa2 => planner::prefill(&self.device, &self.shape, &mut ws, qo, indptr, total_rows, &opts),
-            PlannerKind::PrefillSm90 => planner::prefill_sm90(&self.device, &self.shape, &mut ws, qo, indptr, kv_lens,
+            PlannerKind::PrefillFa2 => planner::prefill(device, &self.shape, &mut ws, qo, indptr, total_rows, &opts),
+            PlannerKind::PrefillSm90 => planner::prefill_sm90(device, &self.shape, &mut ws, qo, indptr, kv_lens,
                                                               total_rows, true, true),
         }
     }
@@ -198,32 +204,32 @@ impl LaunchPlanner {
         Ok(w)
     }
 
-    /// Plan a captured LM launch of the step whose `step_in` host buffer is `h`: the copies to issue on the launch stream before its graph, in order.
-    pub fn plan(&mut self, launch: &Launch, h: HostBuf, parity: usize) -> Result<Vec<Copy>, String> {
-        let w = self.wrapper(launch)?.clone();
+    /// Plan a captured LM launch of the step whose `step_in` host buffer is `h`: the copies to issue on the
+    /// launch stream before its graph, in order.
+    pub fn plan(&self, launch: &Launch, h: HostBuf, parity: usize) -> Result<Vec<Upload>, String> {
+        let w = self.wrapper(launch)?;
         let rows = w.rows;
         let decode = launch.stage == Stage::Decode;
         let f = &self.fields;
-        let (indptr_f, last_f) = if decode { (f.decode_indptr.clone(), f.decode_last.clone()) }
-                                 else { (f.prefill_indptr.clone(), f.prefill_last.clone()) };
-        let indptr = read_i32(h, &indptr_f, rows + 1)?;
-        let last = read_i32(h, &last_f, rows)?;
+        let (indptr_f, last_f) = if decode { (&f.decode_indptr, &f.decode_last) } else { (&f.prefill_indptr, &f.prefill_last) };
+        let indptr = read_i32(h, indptr_f, rows + 1)?;
+        let last = read_i32(h, last_f, rows)?;
         let page = self.shape.page_size as i32;
         let kv_lens: Vec<i32> = (0..rows).map(|i| (indptr[i + 1] - indptr[i] - 1) * page + last[i]).collect();
         let qo = if decode { Vec::new() } else { read_i32(h, &self.fields.prefill_qo, rows + 1)? };
         let region = 2 * (parity % 2) + usize::from(decode);
         let base = self.region(region);
-        let plan = self.run_planner(&w, &qo, &indptr, &kv_lens, region)?;
+        let plan = self.run_planner(&self.device, w, &qo, &indptr, &kv_lens, region)?;
         if plan.info != w.plan_info {
             return Err(format!("the FlashInfer plan of {}[{rows} rows] differs from the one its graph was captured \
                                 with ({:?} vs {:?})", launch.stage.name(), plan.info, w.plan_info));
         }
         let host = |f: &Field| h.base as u64 + f.offset as u64;
-        let mut copies = vec![Copy { dst: w.kv_indptr.ptr, src: host(&indptr_f), nbytes: (rows + 1) * 4 },
-                              Copy { dst: w.last_page_len.ptr, src: host(&last_f), nbytes: rows * 4 }];
+        let mut copies = vec![Upload { dst: w.kv_indptr.ptr, src: host(indptr_f), nbytes: (rows + 1) * 4 },
+                              Upload { dst: w.last_page_len.ptr, src: host(last_f), nbytes: rows * 4 }];
         if !decode {
             if let Some(q) = w.qo_indptr {
-                copies.push(Copy { dst: q.ptr, src: host(&self.fields.prefill_qo), nbytes: (rows + 1) * 4 });
+                copies.push(Upload { dst: q.ptr, src: host(&self.fields.prefill_qo), nbytes: (rows + 1) * 4 });
             }
             if let Some(k) = w.kv_lens.filter(|k| k.nbytes as usize >= rows * 4) {
                 // SAFETY: the KV lengths follow the integer workspace inside this region.
@@ -232,10 +238,10 @@ impl LaunchPlanner {
                     // SAFETY: region_bytes leaves room for the largest wrapper's rows.
                     unsafe { dst.add(i).write_unaligned(n) };
                 }
-                copies.push(Copy { dst: k.ptr, src: dst as u64, nbytes: rows * 4 });
+                copies.push(Upload { dst: k.ptr, src: dst as u64, nbytes: rows * 4 });
             }
         }
-        copies.push(Copy { dst: w.int_workspace.ptr, src: base as u64, nbytes: plan.upload_bytes });
+        copies.push(Upload { dst: w.int_workspace.ptr, src: base as u64, nbytes: plan.upload_bytes });
         Ok(copies)
     }
 }
@@ -328,8 +334,8 @@ mod tests {
         let copies = p.plan(&launch, h, 1).unwrap();
         let w = &s.planners.decode[&4];
         let base = h.base as u64;
-        assert_eq!(copies[0], Copy { dst: w.kv_indptr.ptr, src: base + f.0.offset as u64, nbytes: 20 });
-        assert_eq!(copies[1], Copy { dst: w.last_page_len.ptr, src: base + f.1.offset as u64, nbytes: 16 });
+        assert_eq!(copies[0], Upload { dst: w.kv_indptr.ptr, src: base + f.0.offset as u64, nbytes: 20 });
+        assert_eq!(copies[1], Upload { dst: w.last_page_len.ptr, src: base + f.1.offset as u64, nbytes: 16 });
         // the workspace: what the shim plans for the same offsets, from parity 1's decode region
         let mut want = vec![0u8; WS as usize];
         let shape = AttentionShape { num_qo_heads: 24, num_kv_heads: 8, head_dim_qk: 128, head_dim_vo: 128, page_size: 4 };

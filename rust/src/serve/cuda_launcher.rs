@@ -127,7 +127,7 @@ impl Launcher for CudaLauncher {
         if !self.graphs.contains_key(&(launch.stage, launch.bucket)) {
             return self.handles.plan(launch.stage, plan, parity);
         }
-        match &mut self.planning {
+        match &self.planning {
             GraphPlanning::Unplanned => Ok(()),
             GraphPlanning::Python(_) => self.handles.plan(launch.stage, plan, parity),
             GraphPlanning::Rust(planner, _) => {
