@@ -59,11 +59,13 @@ class ChunkGeometry:
 
     def emitted(self, index: Any) -> tuple[Any, Any]:
         """[start, end) of the frames a full chunk `index` emits (ints for an int, arrays for an array)."""
-        first = self.first_frames or self.frames_per_chunk
+        n = self.frames_per_chunk
+        first = self.first_frames or n
         index = np.asarray(index, dtype=np.int64)
-        later = index > 0
-        start = self.skip + np.where(later, first + (index - 1) * self.frames_per_chunk, 0)
-        end = start + np.where(later, self.frames_per_chunk, first)
+        # chunk c >= 1 starts at skip + first + (c - 1) * n, chunk 0 at skip; every chunk ends at skip + first + c * n
+        past = index * n
+        start = self.skip + np.minimum(index, 1) * (past + (first - n))
+        end = past + (self.skip + first)
         return (int(start), int(end)) if index.ndim == 0 else (start, end)
 
     def chunk(self, index: int, num_frames: int, final: bool) -> ChunkWindow | None:

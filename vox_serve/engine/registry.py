@@ -53,10 +53,14 @@ def resolve_stage(handle: str) -> Callable[..., None]:
     if kind != "callable":
         raise ValueError(f"{handle!r} is not a callable stage handle")
     program = _ENGINES[int(engine_id)].program
+    stage, bucket = Stage(stage), int(bucket)
+    # as at warm-up and capture, whose tensors are inference tensors; one context object per handle, entered
+    # once per launch (building one costs more than a small stage's host work; a handle is never re-entered)
+    inference = torch.inference_mode()
 
     def run(num_seqs: int | None = None) -> None:
-        with torch.inference_mode():  # as at warm-up and capture, whose tensors are inference tensors
-            program.run_stage(Stage(stage), int(bucket), num_seqs)
+        with inference:
+            program.run_stage(stage, bucket, num_seqs)
 
     return run
 
@@ -70,11 +74,12 @@ def resolve_planner(handle: str) -> Callable[[Stage, Any, int], None]:
     if kind != "planner":
         raise ValueError(f"{handle!r} is not a planner handle")
     program = _ENGINES[int(engine_id)].program
+    inference = torch.inference_mode()
 
     def plan(stage: Stage, attention_plan: Any, host_buffer: int) -> None:
         # FlashInfer's wrappers create some buffers at their first plan, at warm-up (inference mode):
         # later plans write them in place, which only inference mode allows
-        with torch.inference_mode():
+        with inference:
             program.attention.plan(attention_plan, plan_inputs(program, stage, host_buffer))
 
     return plan

@@ -75,6 +75,8 @@ class StepWriter:
             raise ValueError(f"{n} admissions in one step; the engine takes {cap}")
         h["admit_slot"][:n] = [a.slot for a in admits]
         h["admit_slot"][n:] = NO_SLOT
+        if not n:
+            return  # a step with page updates only: every admit row is a no-op
         for name in SAMPLING_FIELDS:
             h[f"admit_{name}"][:n] = [getattr(a, name) for a in admits]
         for f in self.meta.layout.slot_fields:
@@ -112,7 +114,7 @@ class StepWriter:
             raise ValueError(f"{len(codec)} codec rows exceed --max-codec-batch {self.limits.max_codec_batch}")
         first = codec.chunk_index == 0 if self.limits.has_first_chunks else np.zeros(len(codec), dtype=np.bool_)
         out = []
-        for stage, rows in ((Stage.CODEC_FIRST, np.flatnonzero(first)), (Stage.CODEC, np.flatnonzero(~first))):
+        for stage, rows in ((Stage.CODEC_FIRST, first.nonzero()[0]), (Stage.CODEC, (~first).nonzero()[0])):
             if not len(rows):
                 continue
             bucket = pick_bucket(len(rows), self.buckets[stage])
@@ -132,7 +134,9 @@ class StepWriter:
         _put(h["decode_pos"], rows.start, bucket, 0)
         _put(h["decode_ids"], rows.input_ids, bucket, 0)
         # Attention rows stream by stream: row j * bucket + i is stream j of decode row i.
-        kv_len = np.tile(_padded(rows.kv_len, bucket, 1), self.limits.kv_streams)
+        kv_len = _padded(rows.kv_len, bucket, 1)
+        if self.limits.kv_streams > 1:
+            kv_len = np.tile(kv_len, self.limits.kv_streams)
         paged_kv_offsets(kv_len, self.limits.page_size, h["decode_kv_indptr"], h["decode_last_page_len"])
         attention = AttentionPlan(len(kv_len), np.ones(len(kv_len), dtype=np.int64), kv_len, num_rows=len(kv_len),
                                   decode=True)
@@ -221,12 +225,12 @@ class StepReader:
         result = StepResult(plan.step_id, prefill_kind=h["prefill_kind"][: len(plan.prefill)].copy(),
                             decode_kind=h["decode_kind"][: len(plan.decode)].copy())
         pcm: list[bytes] = [b""] * len(plan.codec)
-        spf = self.meta.samples_per_frame
+        samples = (plan.codec.num_frames.astype(np.int64) * self.meta.samples_per_frame).tolist()
         for launch in launches:
             if launch.rows is None:
                 continue
             out = h[f"{launch.stage}_pcm"]
             for i, row in enumerate(launch.rows.tolist()):
-                pcm[row] = out[i, : int(plan.codec.num_frames[row]) * spf].tobytes()
+                pcm[row] = out[i, : samples[row]].tobytes()
         result.pcm = pcm
         return result

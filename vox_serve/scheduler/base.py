@@ -48,6 +48,15 @@ from vox_serve.scheduler.rows import CodecRows, PrefillRows, decode_launch, slot
 from vox_serve.scheduler.text_input import extend, waits_for_text
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+# Out kind -> whether the row stops its request / is audio, so a launch's kinds are classified by one
+# lookup each (comparing an array with IntEnum members is several times slower than indexing).
+_IS_STOP = np.array([kind.stops for kind in sorted(OutKind)])
+_IS_AUDIO = np.array([kind.is_audio for kind in sorted(OutKind)])
+
+
+def _one_each(take: np.ndarray) -> bool:
+    """Every slot takes exactly one chunk (then a slot's rows need no np.repeat)."""
+    return bool((take == 1).all())
 
 
 class QueueFull(RuntimeError):
@@ -127,23 +136,25 @@ class Scheduler:
         if req is not None:
             extend(req, ids, ended)
 
-    def _text_waiting(self, slots: np.ndarray) -> np.ndarray:
-        """[len(slots)] bool: the slot's next LM row needs streamed text that has not arrived."""
+    def _text_waiting(self, slots: np.ndarray, generated: np.ndarray | None = None) -> np.ndarray:
+        """[len(slots)] bool: the slot's next LM row needs streamed text that has not arrived (`generated`:
+        the slots' tokens generated and in flight, when the caller has them)."""
         t = self.table
-        generated = t.num_generated[slots] + t.num_pending[slots]
+        if generated is None:
+            generated = t.num_generated[slots] + t.num_pending[slots]
         return generated - 1 >= t.text_limit[slots]
 
     @property
     def num_waiting_for_text(self) -> int:
         """Requests that cannot run until more of their text arrives."""
         state = self.table.state
-        slots = np.flatnonzero((state == SlotState.RUNNING) | (state == SlotState.WAITING))
+        slots = ((state == SlotState.RUNNING) | (state == SlotState.WAITING)).nonzero()[0]
         return int(self._text_waiting(slots).sum())
 
     @property
     def num_generating(self) -> int:
         """Running requests that are not waiting for text (what admission counts against the batch)."""
-        slots = np.flatnonzero(self.table.state == SlotState.RUNNING)
+        slots = (self.table.state == SlotState.RUNNING).nonzero()[0]
         return len(slots) - int(self._text_waiting(slots).sum())
 
     def pool_usage(self) -> dict[str, tuple[int, int]]:
@@ -177,15 +188,13 @@ class Scheduler:
         self._running = self.table.slots_in(SlotState.RUNNING)
         self._pages, self._admits = [], []
         self._codec_rows = CodecRows()
-        plan = StepPlan(self.step_id)
         self.select_codec()
-        plan.codec = self._codec_rows.launch()
-        plan.prefill = self.select_prefill().launch()
-        plan.decode = self.select_decode()
-        plan.admits = self._admits
-        if self._pages:
-            columns = zip(*self._pages, strict=True)
-            plan.pages = PageUpdates(*(np.concatenate(column).astype(np.int32) for column in columns))
+        codec = self._codec_rows.launch()
+        prefill = self.select_prefill().launch()
+        decode = self.select_decode()
+        pages = PageUpdates(*(np.concatenate(column).astype(np.int32) for column in zip(*self._pages, strict=True))
+                            ) if self._pages else PageUpdates.empty()
+        plan = StepPlan(self.step_id, admits=self._admits, pages=pages, codec=codec, prefill=prefill, decode=decode)
         self._record_flight(plan)
         return plan
 
@@ -209,37 +218,51 @@ class Scheduler:
         self._planned[slot] = True
 
     # ---- codec ---------------------------------------------------------------------------
+    def ready_slots(self) -> np.ndarray:
+        """Slots of running and draining requests with a ready chunk, in arrival order."""
+        t = self.table
+        slots = (t.state >= SlotState.RUNNING).nonzero()[0]  # RUNNING or DRAINING
+        slots = slots[t.ready(slots)]
+        return slots[np.argsort(t.arrival[slots], kind="stable")]
+
     def ready_requests(self) -> list[Request]:
         """Running and draining requests with a ready chunk, in arrival order."""
-        t = self.table
-        slots = np.flatnonzero((t.state == SlotState.RUNNING) | (t.state == SlotState.DRAINING))
-        ready = [t.requests[s] for s in slots[t.ready(slots)]]
-        return sorted(ready, key=lambda r: r.stats.arrival)
+        return list(self.table.requests[self.ready_slots()])
 
     def select_codec(self) -> None:
         """Base: every ready chunk, requests in arrival order."""
-        self.take_chunks(self.ready_requests(), "ready")
+        self.take_slot_chunks(self.ready_slots(), "ready")
 
     def take_chunks(self, reqs: Iterable[Request], why: str | Callable[[Request], str],
                     room: int | None = None) -> int:
         """Plan ready chunks of `reqs` in that order, at most `room` more (default: up to the codec batch
-        limit); returns how many requests got chunks.
+        limit); returns how many requests got chunks (see `take_slot_chunks`)."""
+        reqs = list(reqs)
+        slots = np.fromiter((r.slot for r in reqs), dtype=np.int64, count=len(reqs))
+        return self.take_slot_chunks(slots, why, room)
+
+    def take_slot_chunks(self, slots: np.ndarray, why: str | Callable[[Request], str],
+                         room: int | None = None) -> int:
+        """Plan ready chunks of the requests in `slots`, in that order, at most `room` more; returns how
+        many requests got chunks.
 
         A stateless codec may decode several chunks of one request in one batch (in order); a
         stateful one gets at most one per request, since each chunk advances the request's state.
         """
         rows = self._codec_rows
         limit = self.limits.max_codec_batch if room is None else min(len(rows) + room, self.limits.max_codec_batch)
-        reqs = list(reqs)
-        slots = np.fromiter((r.slot for r in reqs), dtype=np.int64, count=len(reqs))
         count, is_final = self._ready_chunks(slots)
         take = np.minimum(count, np.maximum(limit - len(rows) - (np.cumsum(count) - count), 0))
-        if take.any():
-            rows.add(self.table, np.repeat(slots, take), self._take_chunks(slots, take, take == count, is_final))
-        for req, n in zip(reqs, take.tolist(), strict=True):
-            if n:
-                self.reasons["codec"][req.req_id] = why if isinstance(why, str) else why(req)
-        return int((take > 0).sum())
+        taken = slots[take > 0]
+        if len(taken):
+            row_slots = slots if _one_each(take) else np.repeat(slots, take)
+            rows.add(self.table, row_slots, self._take_chunks(slots, take, take == count, is_final))
+            reasons = self.reasons["codec"]
+            if isinstance(why, str):
+                reasons.update(dict.fromkeys(self.table.req_ids[taken].tolist(), why))
+            else:
+                reasons.update((req.req_id, why(req)) for req in self.table.requests[taken])
+        return len(taken)
 
     def _ready_chunks(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(chunks ready now, whether the last of them is a draining request's final one) per slot.
@@ -266,17 +289,21 @@ class Scheduler:
         """Codec row columns of the next `take[i]` chunks of each slot; advances their next chunk."""
         t, g = self.table, self.geometry
         nxt = t.next_chunk[slots]
-        offsets = np.arange(int(take.sum())) - np.repeat(np.cumsum(take) - take, take)
-        index = np.repeat(nxt, take) + offsets
+        if _one_each(take):  # the usual case: nothing to repeat
+            index, frames, last_row, final = nxt, t.num_frames(slots), True, all_taken & no_more
+        else:
+            offsets = np.arange(int(take.sum())) - np.repeat(np.cumsum(take) - take, take)
+            index = np.repeat(nxt, take) + offsets
+            frames = np.repeat(t.num_frames(slots), take)
+            last_row = offsets == np.repeat(take, take) - 1
+            final = np.repeat(all_taken & no_more, take)
         start, full_end = g.emitted(index)
-        frames = np.repeat(t.num_frames(slots), take)
         # a full chunk with its lookahead, else a final one: short, or full without lookahead (codec_pads_end)
         end = np.where(frames >= full_end + g.lookahead, full_end, np.minimum(full_end, frames - g.final_lookahead))
-        last_row = offsets == np.repeat(take, take) - 1
         t.set_next_chunk(slots, nxt + take)
         return {"chunk_index": index, "first_frame": start - g.lookback,
                 "window_end": np.minimum(end + g.lookahead, frames), "num_frames": end - start,
-                "is_last": last_row & np.repeat(all_taken & no_more, take)}
+                "is_last": last_row & final}
 
     @property
     def num_planned_chunks(self) -> int:
@@ -313,9 +340,10 @@ class Scheduler:
         positions left (the host's ids and prompt vectors go in prefill rows only), admission order."""
         t = self.table
         slots = self._running
-        todo = t.prompt_len[slots] + t.num_generated[slots] + t.num_pending[slots] - t.num_computed[slots]
-        slots = slots[((todo > 1) | (t.num_computed[slots] < t.prompt_len[slots])) & ~self._text_waiting(slots)]
-        return list(t.requests[slots])
+        prompt, computed = t.prompt_len[slots], t.num_computed[slots]
+        todo = prompt + t.num_generated[slots] + t.num_pending[slots] - computed
+        slots = slots[(todo > 1) | (computed < prompt)]
+        return list(t.requests[slots[~self._text_waiting(slots)]])
 
     def _admit(self, req: Request, budget: int, rows: PrefillRows) -> bool:
         fresh = req.slot is None
@@ -404,10 +432,10 @@ class Scheduler:
         slots = self._running
         slots = slots[t.state[slots] == SlotState.RUNNING]  # not preempted for a prefill of this plan
         generated = t.num_generated[slots] + t.num_pending[slots]
-        todo = t.prompt_len[slots] + generated - t.num_computed[slots]
-        ok = ((todo == 1) & (t.num_computed[slots] >= t.prompt_len[slots]) & (generated < t.max_tokens[slots])
-              & (t.prompt_len[slots] + generated < self.limits.max_model_len)
-              & ~self._text_waiting(slots) & ~self._planned[slots])
+        prompt, computed = t.prompt_len[slots], t.num_computed[slots]
+        total = prompt + generated
+        ok = ((total - computed == 1) & (computed >= prompt) & (generated < t.max_tokens[slots])
+              & (total < self.limits.max_model_len) & ~self._text_waiting(slots, generated) & ~self._planned[slots])
         return slots[ok]
 
     def select_decode(self) -> LmLaunch:
@@ -439,7 +467,7 @@ class Scheduler:
         room, rest = self.limits.max_batch, candidates
         while room > 0 and len(rest):
             block, rest = rest[:room], rest[room:]
-            needs = np.flatnonzero(t.num_computed[block] + 1 > t.capacity[block])
+            needs = (t.num_computed[block] + 1 > t.capacity[block]).nonzero()[0]
             self._planned[block] = True  # protected from preemption, unless a page is found missing below
             if len(needs) * self.limits.kv_streams <= self.pool.num_free:  # no preemption: one allocation for all
                 self._one_page_each(block[needs])
@@ -497,9 +525,9 @@ class Scheduler:
             decode_sample = np.ones(len(flight.decode_slots), dtype=np.bool_)
             self._apply(flight.decode_slots, flight.decode_occupancy, decode_sample, result.decode_kind, now)
         if plan.codec:
+            requests = self.requests
             for req_id, pcm in zip(plan.codec.req_ids, result.pcm, strict=True):
-                req = self.requests.get(req_id)
-                if req is not None:
+                if (req := requests.get(req_id)) is not None:
                     self._on_audio(req, pcm, now)
         self._retire_drained()
         self._free_landed_pages()
@@ -511,23 +539,24 @@ class Scheduler:
             return
         t = self.table
         live = (t.occupancy[slots] == occupancy) & sample
-        slots, kinds = slots[live], kinds[live]
+        if not live.all():
+            slots, kinds = slots[live], kinds[live]
         t.num_pending[slots] -= 1
         running = t.state[slots] == SlotState.RUNNING
-        slots, kinds = slots[running], kinds[running]
-        for slot in slots[t.num_generated[slots] == 0]:
+        if not running.all():
+            slots, kinds = slots[running], kinds[running]
+        generated = t.num_generated[slots]  # a launch's slots are distinct, so whole columns are written back
+        for slot in slots[generated == 0]:
             stats = t.requests[slot].stats
             stats.first_token = stats.first_token or now
-        stop = (kinds == OutKind.STOP) | (kinds == OutKind.AUDIO_STOP)
-        grown = slots[kinds != OutKind.STOP]
-        t.num_generated[grown] += 1
-        t.num_codes[slots[(kinds == OutKind.AUDIO) | (kinds == OutKind.AUDIO_STOP)]] += self.meta.codes_per_step
-        going = slots[~stop]
-        total = t.prompt_len[going] + t.num_generated[going]
-        full = going[(t.num_generated[going] >= t.max_tokens[going]) | (total >= self.limits.max_model_len)]
+        stop = _IS_STOP[kinds]
+        generated += kinds != OutKind.STOP.value
+        t.num_generated[slots] = generated
+        t.num_codes[slots] += _IS_AUDIO[kinds] * self.meta.codes_per_step
+        full = ((generated >= t.max_tokens[slots]) | (t.prompt_len[slots] + generated >= self.limits.max_model_len))
         for slot in slots[stop]:
             self._finish_generation(t.requests[slot], "stop")
-        for slot in full:
+        for slot in slots[full & ~stop]:
             self._finish_generation(t.requests[slot], "length")
 
     def _on_audio(self, req: Request, pcm: bytes, now: float) -> None:
@@ -549,8 +578,10 @@ class Scheduler:
 
     def _retire_drained(self) -> None:
         """Draining requests with no chunk left, and none on the device, are finished."""
+        if not self.draining:
+            return
         t = self.table
-        slots = np.flatnonzero(t.state == SlotState.DRAINING)
+        slots = (t.state == SlotState.DRAINING).nonzero()[0]
         decoding = np.zeros(len(slots), dtype=np.bool_)  # a chunk still on the device
         for step in self._flights:
             decoding |= t.codec_step[slots] == step
