@@ -218,12 +218,20 @@ class Scheduler:
         self._planned[slot] = True
 
     # ---- codec ---------------------------------------------------------------------------
-    def ready_slots(self) -> np.ndarray:
-        """Slots of running and draining requests with a ready chunk, in arrival order."""
+    def _ready(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(slots, chunks ready, final flags as `_ready_chunks`) of the running and draining requests with a
+        ready chunk, in arrival order."""
         t = self.table
         slots = (t.state >= SlotState.RUNNING).nonzero()[0]  # RUNNING or DRAINING
-        slots = slots[t.ready(slots)]
-        return slots[np.argsort(t.arrival[slots], kind="stable")]
+        count, no_more = self._ready_chunks(slots)
+        ready = count > 0
+        slots, count, no_more = slots[ready], count[ready], no_more[ready]
+        order = np.argsort(t.arrival[slots], kind="stable")
+        return slots[order], count[order], no_more[order]
+
+    def ready_slots(self) -> np.ndarray:
+        """Slots of running and draining requests with a ready chunk, in arrival order."""
+        return self._ready()[0]
 
     def ready_requests(self) -> list[Request]:
         """Running and draining requests with a ready chunk, in arrival order."""
@@ -231,7 +239,7 @@ class Scheduler:
 
     def select_codec(self) -> None:
         """Base: every ready chunk, requests in arrival order."""
-        self.take_slot_chunks(self.ready_slots(), "ready")
+        self._plan_chunks(*self._ready(), "ready", None)
 
     def take_chunks(self, reqs: Iterable[Request], why: str | Callable[[Request], str],
                     room: int | None = None) -> int:
@@ -249,14 +257,18 @@ class Scheduler:
         A stateless codec may decode several chunks of one request in one batch (in order); a
         stateful one gets at most one per request, since each chunk advances the request's state.
         """
+        return self._plan_chunks(slots, *self._ready_chunks(slots), why, room)
+
+    def _plan_chunks(self, slots: np.ndarray, count: np.ndarray, no_more: np.ndarray,
+                     why: str | Callable[[Request], str], room: int | None) -> int:
+        """take_slot_chunks with the slots' ready chunks (`_ready_chunks`) known."""
         rows = self._codec_rows
         limit = self.limits.max_codec_batch if room is None else min(len(rows) + room, self.limits.max_codec_batch)
-        count, is_final = self._ready_chunks(slots)
         take = np.minimum(count, np.maximum(limit - len(rows) - (np.cumsum(count) - count), 0))
         taken = slots[take > 0]
         if len(taken):
             row_slots = slots if _one_each(take) else np.repeat(slots, take)
-            rows.add(self.table, row_slots, self._take_chunks(slots, take, take == count, is_final))
+            rows.add(self.table, row_slots, self._take_chunks(slots, take, take == count, no_more))
             reasons = self.reasons["codec"]
             if isinstance(why, str):
                 reasons.update(dict.fromkeys(self.table.req_ids[taken].tolist(), why))
@@ -273,16 +285,16 @@ class Scheduler:
         t, g = self.table, self.geometry
         frames, nxt = t.num_frames(slots), t.next_chunk[slots]
         draining = t.state[slots] == SlotState.DRAINING
-        ahead = np.where(draining, g.final_lookahead, g.lookahead)  # a codec that pads the end needs none at it
+        some_draining = bool(draining.any())
+        # a codec that pads the end needs no lookahead at it
+        ahead = np.where(draining, g.final_lookahead, g.lookahead) if some_draining else g.lookahead
         base = g.skip + (g.first_frames or g.frames_per_chunk) + ahead
-        full = np.maximum((frames - base) // g.frames_per_chunk + 1 - nxt, 0)
-        start, _ = g.emitted(nxt + full)
-        short = draining & (frames - g.final_lookahead > start)
-        count = full + short
-        if self.meta.stateful_codec:
-            count = np.minimum(count, 1)
-        no_more = draining & (count == full + short)
-        return count, no_more
+        count = np.maximum((frames - base) // g.frames_per_chunk + 1 - nxt, 0)  # full chunks
+        if some_draining:  # then a shorter final chunk after the full ones
+            start, _ = g.emitted(nxt + count)
+            count = count + (draining & (frames - g.final_lookahead > start))
+        limited = np.minimum(count, 1) if self.meta.stateful_codec else count
+        return limited, (draining & (limited == count)) if some_draining else draining
 
     def _take_chunks(self, slots: np.ndarray, take: np.ndarray, all_taken: np.ndarray,
                      no_more: np.ndarray) -> dict[str, np.ndarray]:
@@ -410,6 +422,8 @@ class Scheduler:
 
     def _one_page_each(self, slots: np.ndarray) -> None:
         """The next page (a page per KV stream) of each slot's request, all at once (there are enough free pages)."""
+        if not len(slots):
+            return
         t, ps = self.table, self.pool.page_size
         pages = np.asarray(self.pool.extend_each(t.req_ids[slots].tolist())).reshape(-1, self.limits.kv_streams)
         self._add_pages(slots, t.capacity[slots] // ps, pages)
@@ -445,8 +459,8 @@ class Scheduler:
             candidates = np.asarray([r.slot for r in order], dtype=np.int64)
         slots = self._with_pages(candidates)
         t = self.table
-        starts = t.num_computed[slots].copy()
-        t.num_computed[slots] += 1
+        starts = t.num_computed[slots]  # a copy (fancy indexing)
+        t.num_computed[slots] = starts + 1
         t.num_pending[slots] += 1
         t.last_decode[slots] = self.now
         self._planned[slots] = True
@@ -471,7 +485,9 @@ class Scheduler:
             self._planned[block] = True  # protected from preemption, unless a page is found missing below
             if len(needs) * self.limits.kv_streams <= self.pool.num_free:  # no preemption: one allocation for all
                 self._one_page_each(block[needs])
-                needs = needs[:0]
+                chosen.append(block)  # every row keeps its place (all running, none preempted)
+                room -= len(block)
+                continue
             for i in needs:
                 self._planned[block[i]] = False
                 self._planned[block[i]] = self._page_for(t.requests[block[i]], block[i + 1:])
@@ -480,7 +496,7 @@ class Scheduler:
             block = block[ok]
             chosen.append(block)
             room -= len(block)
-        return np.concatenate(chosen) if chosen else _EMPTY
+        return (chosen[0] if len(chosen) == 1 else np.concatenate(chosen)) if chosen else _EMPTY
 
     def _page_for(self, req: Request, later: np.ndarray) -> bool:
         """Reserve req's next page, preempting if needed; False when the row must wait a step. Rows

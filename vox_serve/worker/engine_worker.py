@@ -143,15 +143,22 @@ class EngineWorker:
         if timed:
             self.cuda.record(self._events[(handle.parity, stage, 0)], self.stream)
         start = time.perf_counter()
-        with nvtx_range(f"{stage}[{launch.bucket}]", self.nvtx):
-            if isinstance(run, int):
-                self.cuda.launch(run, self.stream)
-            else:
-                run(launch.num_seqs)
+        if self.nvtx:
+            with nvtx_range(f"{stage}[{launch.bucket}]", True):
+                self._invoke(run, launch)
+        else:
+            self._invoke(run, launch)
         if timed:
             self.cuda.record(self._events[(handle.parity, stage, 1)], self.stream)
         elif self.cuda is None:
             handle.seconds[str(stage)] = time.perf_counter() - start
+
+    def _invoke(self, run: int | Any, launch: Launch) -> None:
+        """Launch a graph-exec handle on the engine's stream, or call a callable handle."""
+        if isinstance(run, int):
+            self.cuda.launch(run, self.stream)
+        else:
+            run(launch.num_seqs)
 
     def collect(self, handle: StepHandle) -> StepResult:
         if handle.result is None:
