@@ -541,10 +541,7 @@ class Scheduler:
             decode_sample = np.ones(len(flight.decode_slots), dtype=np.bool_)
             self._apply(flight.decode_slots, flight.decode_occupancy, decode_sample, result.decode_kind, now)
         if plan.codec:
-            requests = self.requests
-            for req_id, pcm in zip(plan.codec.req_ids, result.pcm, strict=True):
-                if (req := requests.get(req_id)) is not None:
-                    self._on_audio(req, pcm, now)
+            self._on_audio(plan.codec.req_ids, result.pcm, now)
         self._retire_drained()
         self._free_landed_pages()
 
@@ -575,14 +572,20 @@ class Scheduler:
         for slot in slots[full & ~stop]:
             self._finish_generation(t.requests[slot], "length")
 
-    def _on_audio(self, req: Request, pcm: bytes, now: float) -> None:
-        if req.stats.first_audio is None:
-            req.stats.first_audio = now
-        samples = len(pcm) // 2
-        req.stats.num_audio_samples += samples
-        req.stats.last_chunk_samples = samples
-        if req.sink is not None:
-            req.sink(req, pcm, False)
+    def _on_audio(self, req_ids: list[str], pcms: list[bytes], now: float) -> None:
+        """Each decoded chunk to its request's stats and sink (requests that ended meanwhile are skipped)."""
+        requests = self.requests
+        for req_id, pcm in zip(req_ids, pcms, strict=True):
+            if (req := requests.get(req_id)) is None:
+                continue
+            stats = req.stats
+            if stats.first_audio is None:
+                stats.first_audio = now
+            samples = len(pcm) // 2
+            stats.num_audio_samples += samples
+            stats.last_chunk_samples = samples
+            if req.sink is not None:
+                req.sink(req, pcm, False)
 
     def _finish_generation(self, req: Request, reason: str) -> None:
         req.finish_reason = reason

@@ -114,11 +114,17 @@ class CodecRows:
     def launch(self) -> CodecLaunch:
         if not self.req_ids:
             return CodecLaunch.empty()
-        cat = lambda name: np.concatenate([c[name] for _, c in self.parts]).astype(np.int32)  # noqa: E731
-        return CodecLaunch(req_ids=self.req_ids, slot=np.concatenate([s for s, _ in self.parts]).astype(np.int32),
-                           chunk_index=cat("chunk_index"), first_frame=cat("first_frame"),
-                           window_end=cat("window_end"), num_frames=cat("num_frames"),
-                           is_last=np.concatenate([c["is_last"] for _, c in self.parts]))
+        slots, columns = self.parts[0] if len(self.parts) == 1 else self._joined()
+        i32 = lambda name: columns[name].astype(np.int32)  # noqa: E731
+        return CodecLaunch(req_ids=self.req_ids, slot=slots.astype(np.int32), chunk_index=i32("chunk_index"),
+                           first_frame=i32("first_frame"), window_end=i32("window_end"),
+                           num_frames=i32("num_frames"), is_last=np.asarray(columns["is_last"], dtype=np.bool_))
+
+    def _joined(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The parts' slots and columns, each joined in part order."""
+        names = self.parts[0][1].keys()
+        return (np.concatenate([s for s, _ in self.parts]),
+                {name: np.concatenate([c[name] for _, c in self.parts]) for name in names})
 
 
 def _i32(values: list[int]) -> np.ndarray:
