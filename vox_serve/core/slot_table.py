@@ -57,7 +57,9 @@ class SlotTable:
         self.codec_step = zeros()  # the last step planned with a chunk of it
         self.last_decode = np.zeros(num_slots, dtype=np.float64)  # when the slot last had an LM row
         self.arrival = np.zeros(num_slots, dtype=np.float64)  # when the slot's request arrived (codec order)
-        self.state = np.zeros(num_slots, dtype=np.int8)
+        self.state = np.zeros(num_slots, dtype=np.int8)  # written through set_state / acquire / release only
+        self._changes = 0  # bumped by every state or admission-order change (slots_in's cache key)
+        self._in_state: dict[int, tuple[int, np.ndarray]] = {}
         self._occupancies = 0
         self._ranks = 0
 
@@ -80,7 +82,6 @@ class SlotTable:
         self.text_limit[slot] = NEVER if req.text_feed is None else req.text_feed.limit
         self.capacity[slot] = self.lm_step[slot] = self.codec_step[slot] = 0
         self.occupancy[slot] = self._occupancies
-        self.state[slot] = SlotState.RUNNING
         self.mark_admitted(slot)
         self.last_decode[slot] = np.nan
         self.arrival[slot] = req.stats.arrival or 0.0
@@ -98,7 +99,7 @@ class SlotTable:
         req.slot, req.table = None, None
         self.requests[slot] = self.req_ids[slot] = None
         self.occupancy[slot] = 0
-        self.state[slot] = SlotState.FREE
+        self.set_state(slot, SlotState.FREE)
         self.chunk_need[slot] = self.chunk_start[slot] = NEVER
         self.pool.release(req.req_id)
         return slot
@@ -107,12 +108,22 @@ class SlotTable:
         """The slot's request joins the running requests (again, after a preemption)."""
         self._ranks += 1
         self.admit_rank[slot] = self._ranks
-        self.state[slot] = SlotState.RUNNING
+        self.set_state(slot, SlotState.RUNNING)
+
+    def set_state(self, slot: int, state: int) -> None:
+        self.state[slot] = state
+        self._changes += 1
 
     def slots_in(self, state: int) -> np.ndarray:
-        """Slots in `state`, in admission order."""
+        """Slots in `state`, in admission order (kept until a state or the order changes; do not modify)."""
+        cached = self._in_state.get(state)
+        if cached is not None and cached[0] == self._changes:
+            return cached[1]
         slots = (self.state == state).nonzero()[0]
-        return slots[np.argsort(self.admit_rank[slots], kind="stable")]
+        slots = slots[np.argsort(self.admit_rank[slots], kind="stable")]
+        slots.flags.writeable = False
+        self._in_state[state] = (self._changes, slots)
+        return slots
 
     def set_next_chunk(self, slots: np.ndarray | int, index: np.ndarray | int) -> None:
         """Record the slots' next audio chunks and the frames they need."""
@@ -120,6 +131,14 @@ class SlotTable:
         start, end = self.geometry.emitted(np.asarray(index, dtype=np.int64))
         self.chunk_start[slots] = start
         self.chunk_need[slots] = end + self.geometry.lookahead
+
+    def advance_chunk(self, slots: np.ndarray, start: np.ndarray) -> None:
+        """Move the slots on to their following chunk, which starts at frame `start` (where the chunk just
+        taken ends: chunks are contiguous) and, not being a first chunk, is frames_per_chunk long."""
+        g = self.geometry
+        self.next_chunk[slots] += 1
+        self.chunk_start[slots] = start
+        self.chunk_need[slots] = start + (g.frames_per_chunk + g.lookahead)
 
     def num_frames(self, slots: np.ndarray) -> np.ndarray:
         return self.num_codes[slots] // self.geometry.codes_per_frame

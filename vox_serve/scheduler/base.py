@@ -301,7 +301,8 @@ class Scheduler:
         """Codec row columns of the next `take[i]` chunks of each slot; advances their next chunk."""
         t, g = self.table, self.geometry
         nxt = t.next_chunk[slots]
-        if _one_each(take):  # the usual case: nothing to repeat
+        one_each = _one_each(take)
+        if one_each:  # the usual case: nothing to repeat
             index, frames, last_row, final = nxt, t.num_frames(slots), True, all_taken & no_more
         else:
             offsets = np.arange(int(take.sum())) - np.repeat(np.cumsum(take) - take, take)
@@ -312,7 +313,10 @@ class Scheduler:
         start, full_end = g.emitted(index)
         # a full chunk with its lookahead, else a final one: short, or full without lookahead (codec_pads_end)
         end = np.where(frames >= full_end + g.lookahead, full_end, np.minimum(full_end, frames - g.final_lookahead))
-        t.set_next_chunk(slots, nxt + take)
+        if one_each:
+            t.advance_chunk(slots, full_end)
+        else:
+            t.set_next_chunk(slots, nxt + take)
         return {"chunk_index": index, "first_frame": start - g.lookback,
                 "window_end": np.minimum(end + g.lookahead, frames), "num_frames": end - start,
                 "is_last": last_row & final}
@@ -355,7 +359,7 @@ class Scheduler:
         prompt, computed = t.prompt_len[slots], t.num_computed[slots]
         todo = prompt + t.num_generated[slots] + t.num_pending[slots] - computed
         slots = slots[(todo > 1) | (computed < prompt)]
-        return list(t.requests[slots[~self._text_waiting(slots)]])
+        return list(t.requests[slots[~self._text_waiting(slots)]]) if len(slots) else []
 
     def _admit(self, req: Request, budget: int, rows: PrefillRows) -> bool:
         fresh = req.slot is None
@@ -526,7 +530,7 @@ class Scheduler:
         t = self.table
         t.num_computed[req.slot] = 0
         t.capacity[req.slot] = 0
-        t.state[req.slot] = SlotState.WAITING
+        t.set_state(req.slot, SlotState.WAITING)
         req.status = RequestStatus.WAITING
         self.running.remove(req)
         self.waiting.appendleft(req)
@@ -538,20 +542,22 @@ class Scheduler:
         flight = self._flights.pop(plan.step_id, None)
         if flight is not None:
             self._apply(flight.prefill_slots, flight.prefill_occupancy, flight.prefill_sample, result.prefill_kind, now)
-            decode_sample = np.ones(len(flight.decode_slots), dtype=np.bool_)
-            self._apply(flight.decode_slots, flight.decode_occupancy, decode_sample, result.decode_kind, now)
+            self._apply(flight.decode_slots, flight.decode_occupancy, None, result.decode_kind, now)
         if plan.codec:
             self._on_audio(plan.codec.req_ids, result.pcm, now)
         self._retire_drained()
         self._free_landed_pages()
 
-    def _apply(self, slots: np.ndarray, occupancy: np.ndarray, sample: np.ndarray, kinds: np.ndarray,
+    def _apply(self, slots: np.ndarray, occupancy: np.ndarray, sample: np.ndarray | None, kinds: np.ndarray,
                now: float) -> None:
-        """Apply one launch's out kinds to the rows whose request still holds the slot."""
+        """Apply one launch's out kinds to the rows whose request still holds the slot (and that sampled;
+        `sample` None: every row did, as in a decode launch)."""
         if not len(slots):
             return
         t = self.table
-        live = (t.occupancy[slots] == occupancy) & sample
+        live = t.occupancy[slots] == occupancy
+        if sample is not None:
+            live &= sample
         if not live.all():
             slots, kinds = slots[live], kinds[live]
         t.num_pending[slots] -= 1
@@ -590,7 +596,7 @@ class Scheduler:
     def _finish_generation(self, req: Request, reason: str) -> None:
         req.finish_reason = reason
         req.status = RequestStatus.DRAINING
-        self.table.state[req.slot] = SlotState.DRAINING
+        self.table.set_state(req.slot, SlotState.DRAINING)
         self._free_pages(req)
         self.running.remove(req)
         self.draining.append(req)

@@ -89,8 +89,9 @@ def decode_launch(meta: ProgramMeta, table: SlotTable, slots: np.ndarray, starts
     n = len(slots)
     ids = np.full((n, meta.input_columns), ABSENT_ID, dtype=np.int32)
     column = meta.streamed_text_column
-    if column is not None:
-        streamed = np.flatnonzero(table.text_limit[slots] < NEVER)
+    streaming = table.text_limit[slots] < NEVER if column is not None else None
+    if streaming is not None and streaming.any():
+        streamed = streaming.nonzero()[0]
         for i, req in zip(streamed.tolist(), table.requests[slots[streamed]], strict=True):
             ids[i, column] = text_ids(req, int(starts[i]) - req.prompt_len, 1)[0]
     return LmLaunch(req_ids=table.req_ids[slots].tolist(), slot=slots.astype(np.int32), start=starts.astype(np.int32),

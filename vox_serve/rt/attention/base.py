@@ -87,9 +87,9 @@ def paged_kv_offsets(kv_lens: np.ndarray, page_size: int, indptr: np.ndarray, la
     """Fill indptr [R + 1] and last [R] (entries used in each row's last page) for rows of kv_lens [R];
     row i uses its first ceil(kv_lens[i] / page_size) pages. Returns the number of page indices."""
     rows = len(kv_lens)
-    used = (kv_lens.astype(np.int64) + page_size - 1) // page_size
+    used = (np.asarray(kv_lens, dtype=np.int64) + page_size - 1) // page_size
     indptr[0] = 0
-    np.cumsum(used, out=indptr[1 : rows + 1])
+    indptr[1 : rows + 1] = used.cumsum()  # (np.cumsum into an int32 `out` takes a slow casting path)
     last[:rows] = kv_lens - (used - 1) * page_size
     return int(indptr[rows])
 
