@@ -264,7 +264,9 @@ class Scheduler:
         """take_slot_chunks with the slots' ready chunks (`_ready_chunks`) known."""
         rows = self._codec_rows
         limit = self.limits.max_codec_batch if room is None else min(len(rows) + room, self.limits.max_codec_batch)
-        take = np.minimum(count, np.maximum(limit - len(rows) - (np.cumsum(count) - count), 0))
+        room_left = limit - len(rows)
+        take = count if int(count.sum()) <= room_left else np.minimum(
+            count, np.maximum(room_left - (np.cumsum(count) - count), 0))  # the first ones that fit
         taken = slots[take > 0]
         if len(taken):
             row_slots = slots if _one_each(take) else np.repeat(slots, take)
