@@ -119,8 +119,13 @@ class PagePool:
             raise OutOfPages(f"{len(owners)} owners need {s} page(s) each, only {len(self._free)} free")
         pages = self._free[len(self._free) - n:][::-1]
         del self._free[len(self._free) - n:]
-        for i, owner in enumerate(owners):
-            self._owned[owner].extend(pages[i * s : (i + 1) * s])
+        owned = self._owned
+        if s == 1:
+            for owner, page in zip(owners, pages, strict=True):
+                owned[owner].append(page)
+        else:
+            for i, owner in enumerate(owners):
+                owned[owner].extend(pages[i * s : (i + 1) * s])
         return pages
 
     def free(self, owner: Hashable) -> int:
