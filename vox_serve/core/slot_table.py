@@ -59,7 +59,7 @@ class SlotTable:
         self.arrival = np.zeros(num_slots, dtype=np.float64)  # when the slot's request arrived (codec order)
         self.state = np.zeros(num_slots, dtype=np.int8)  # written through set_state / acquire / release only
         self._changes = 0  # bumped by every state or admission-order change (slots_in's cache key)
-        self._in_state: dict[int, tuple[int, np.ndarray]] = {}
+        self._in_state: dict[int, tuple[int, np.ndarray]] = {}  # state (-1: making audio) -> (changes, slots)
         self._occupancies = 0
         self._ranks = 0
 
@@ -82,9 +82,9 @@ class SlotTable:
         self.text_limit[slot] = NEVER if req.text_feed is None else req.text_feed.limit
         self.capacity[slot] = self.lm_step[slot] = self.codec_step[slot] = 0
         self.occupancy[slot] = self._occupancies
+        self.arrival[slot] = req.stats.arrival or 0.0
         self.mark_admitted(slot)
         self.last_decode[slot] = np.nan
-        self.arrival[slot] = req.stats.arrival or 0.0
         self.requests[slot], self.req_ids[slot] = req, req.req_id
         req.slot, req.table = slot, self
         self.set_next_chunk(slot, c.next_chunk)
@@ -123,6 +123,18 @@ class SlotTable:
         slots = slots[np.argsort(self.admit_rank[slots], kind="stable")]
         slots.flags.writeable = False
         self._in_state[state] = (self._changes, slots)
+        return slots
+
+    def making_audio(self) -> np.ndarray:
+        """Running and draining slots (DRAINING follows RUNNING), in their requests' arrival order (kept until a
+        state changes; do not modify)."""
+        cached = self._in_state.get(-1)
+        if cached is not None and cached[0] == self._changes:
+            return cached[1]
+        slots = (self.state >= SlotState.RUNNING).nonzero()[0]
+        slots = slots[np.argsort(self.arrival[slots], kind="stable")]
+        slots.flags.writeable = False
+        self._in_state[-1] = (self._changes, slots)
         return slots
 
     def set_next_chunk(self, slots: np.ndarray | int, index: np.ndarray | int) -> None:

@@ -221,13 +221,10 @@ class Scheduler:
     def _ready(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(slots, chunks ready, final flags as `_ready_chunks`) of the running and draining requests with a
         ready chunk, in arrival order."""
-        t = self.table
-        slots = (t.state >= SlotState.RUNNING).nonzero()[0]  # RUNNING or DRAINING
+        slots = self.table.making_audio()
         count, no_more = self._ready_chunks(slots)
         ready = count > 0
-        slots, count, no_more = slots[ready], count[ready], no_more[ready]
-        order = np.argsort(t.arrival[slots], kind="stable")
-        return slots[order], count[order], no_more[order]
+        return slots[ready], count[ready], no_more[ready]
 
     def ready_slots(self) -> np.ndarray:
         """Slots of running and draining requests with a ready chunk, in arrival order."""
