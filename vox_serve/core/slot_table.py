@@ -10,6 +10,7 @@ Python loop over requests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 import numpy as np
@@ -115,27 +116,21 @@ class SlotTable:
         self._changes += 1
 
     def slots_in(self, state: int) -> np.ndarray:
-        """Slots in `state`, in admission order (kept until a state or the order changes; do not modify)."""
-        cached = self._in_state.get(state)
-        if cached is not None and cached[0] == self._changes:
-            return cached[1]
-        slots = (self.state == state).nonzero()[0]
-        slots = slots[np.argsort(self.admit_rank[slots], kind="stable")]
-        slots.flags.writeable = False
-        self._in_state[state] = (self._changes, slots)
-        return slots
+        """Slots in `state`, in admission order (read-only)."""
+        return self._kept(state, lambda: _ordered((self.state == state).nonzero()[0], self.admit_rank))
 
     def making_audio(self) -> np.ndarray:
-        """Running and draining slots (DRAINING follows RUNNING), in their requests' arrival order (kept until a
-        state changes; do not modify)."""
-        cached = self._in_state.get(-1)
-        if cached is not None and cached[0] == self._changes:
-            return cached[1]
-        slots = (self.state >= SlotState.RUNNING).nonzero()[0]
-        slots = slots[np.argsort(self.arrival[slots], kind="stable")]
-        slots.flags.writeable = False
-        self._in_state[-1] = (self._changes, slots)
-        return slots
+        """Running and draining slots (DRAINING follows RUNNING), in their requests' arrival order (read-only)."""
+        return self._kept(-1, lambda: _ordered((self.state >= SlotState.RUNNING).nonzero()[0], self.arrival))
+
+    def _kept(self, key: int, compute: Callable[[], np.ndarray]) -> np.ndarray:
+        """compute()'s slots, made read-only and kept until a slot's state or admission order changes."""
+        kept = self._in_state.get(key)
+        if kept is None or kept[0] != self._changes:
+            slots = compute()
+            slots.flags.writeable = False
+            kept = self._in_state[key] = (self._changes, slots)
+        return kept[1]
 
     def set_next_chunk(self, slots: np.ndarray | int, index: np.ndarray | int) -> None:
         """Record the slots' next audio chunks and the frames they need."""
@@ -162,3 +157,8 @@ class SlotTable:
         final = self.state[slots] == SlotState.DRAINING
         only_final = final & (frames - self.geometry.final_lookahead > self.chunk_start[slots])
         return (frames >= self.chunk_need[slots]) | only_final
+
+
+def _ordered(slots: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """slots sorted by key[slot], ties in slot order."""
+    return slots[np.argsort(key[slots], kind="stable")]
