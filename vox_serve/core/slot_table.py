@@ -49,8 +49,6 @@ class SlotTable:
         self.num_computed, self.num_generated, self.num_pending = zeros(), zeros(), zeros()
         self.num_codes, self.next_chunk = zeros(), zeros()
         self.prompt_len, self.max_tokens, self.text_limit = zeros(), zeros(), zeros()
-        self.chunk_need = np.full(num_slots, NEVER, dtype=np.int64)  # frames the next chunk needs (not final)
-        self.chunk_start = np.full(num_slots, NEVER, dtype=np.int64)  # its first emitted frame
         self.capacity = zeros()  # tokens the slot's KV pages hold
         self.occupancy = zeros()  # a number unique to each admission into the slot (0: free)
         self.admit_rank = zeros()  # order of (re)admission: the base policy's decode order
@@ -88,7 +86,7 @@ class SlotTable:
         self.last_decode[slot] = np.nan
         self.requests[slot], self.req_ids[slot] = req, req.req_id
         req.slot, req.table = slot, self
-        self.set_next_chunk(slot, c.next_chunk)
+        self.next_chunk[slot] = c.next_chunk
         return slot
 
     def release(self, req: Request) -> int | None:
@@ -101,7 +99,6 @@ class SlotTable:
         self.requests[slot] = self.req_ids[slot] = None
         self.occupancy[slot] = 0
         self.set_state(slot, SlotState.FREE)
-        self.chunk_need[slot] = self.chunk_start[slot] = NEVER
         self.pool.release(req.req_id)
         return slot
 
@@ -132,31 +129,8 @@ class SlotTable:
             kept = self._in_state[key] = (self._changes, slots)
         return kept[1]
 
-    def set_next_chunk(self, slots: np.ndarray | int, index: np.ndarray | int) -> None:
-        """Record the slots' next audio chunks and the frames they need."""
-        self.next_chunk[slots] = index
-        start, end = self.geometry.emitted(np.asarray(index, dtype=np.int64))
-        self.chunk_start[slots] = start
-        self.chunk_need[slots] = end + self.geometry.lookahead
-
-    def advance_chunk(self, slots: np.ndarray, start: np.ndarray) -> None:
-        """Move the slots on to their following chunk, which starts at frame `start` (where the chunk just
-        taken ends: chunks are contiguous) and, not being a first chunk, is frames_per_chunk long."""
-        g = self.geometry
-        self.next_chunk[slots] += 1
-        self.chunk_start[slots] = start
-        self.chunk_need[slots] = start + (g.frames_per_chunk + g.lookahead)
-
     def num_frames(self, slots: np.ndarray) -> np.ndarray:
         return self.num_codes[slots] // self.geometry.codes_per_frame
-
-    def ready(self, slots: np.ndarray) -> np.ndarray:
-        """[len(slots)] bool: whether each slot's next chunk can be decoded now (a draining slot also
-        when only its shorter final chunk is left)."""
-        frames = self.num_frames(slots)
-        final = self.state[slots] == SlotState.DRAINING
-        only_final = final & (frames - self.geometry.final_lookahead > self.chunk_start[slots])
-        return (frames >= self.chunk_need[slots]) | only_final
 
 
 def _ordered(slots: np.ndarray, key: np.ndarray) -> np.ndarray:

@@ -300,8 +300,7 @@ class Scheduler:
         """Codec row columns of the next `take[i]` chunks of each slot; advances their next chunk."""
         t, g = self.table, self.geometry
         nxt = t.next_chunk[slots]
-        one_each = _one_each(take)
-        if one_each:  # the usual case: nothing to repeat
+        if _one_each(take):  # the usual case: nothing to repeat
             index, frames, last_row, final = nxt, t.num_frames(slots), True, all_taken & no_more
         else:
             offsets = np.arange(int(take.sum())) - np.repeat(np.cumsum(take) - take, take)
@@ -312,10 +311,7 @@ class Scheduler:
         start, full_end = g.emitted(index)
         # a full chunk with its lookahead, else a final one: short, or full without lookahead (codec_pads_end)
         end = np.where(frames >= full_end + g.lookahead, full_end, np.minimum(full_end, frames - g.final_lookahead))
-        if one_each:
-            t.advance_chunk(slots, full_end)
-        else:
-            t.set_next_chunk(slots, nxt + take)
+        t.next_chunk[slots] = nxt + take
         return {"chunk_index": index, "first_frame": start - g.lookback,
                 "window_end": np.minimum(end + g.lookahead, frames), "num_frames": end - start,
                 "is_last": last_row & final}
@@ -325,7 +321,7 @@ class Scheduler:
         return len(self._codec_rows)
 
     def has_ready_chunk(self, req: Request) -> bool:
-        return req.slot is not None and bool(self.table.ready(np.asarray([req.slot]))[0])
+        return req.slot is not None and bool(self._ready_chunks(np.asarray([req.slot]))[0][0] > 0)
 
     # ---- prefill and admission -----------------------------------------------------------
     def select_prefill(self) -> PrefillRows:
@@ -609,7 +605,7 @@ class Scheduler:
         decoding = np.zeros(len(slots), dtype=np.bool_)  # a chunk still on the device
         for step in self._flights:
             decoding |= t.codec_step[slots] == step
-        done = slots[~t.ready(slots) & ~decoding]
+        done = slots[(self._ready_chunks(slots)[0] == 0) & ~decoding]
         for req in t.requests[done]:
             self._end(req, RequestStatus.FINISHED, req.finish_reason)
 
