@@ -162,7 +162,7 @@ class Started:
 class Audio:
     req_id: str
     chunk_index: int
-    pcm: bytes = binary()  # little-endian int16 mono at the model's sample rate
+    pcm: bytes | memoryview = binary()  # little-endian int16 mono at the model's sample rate (bytes once decoded)
 
 
 @message
@@ -194,16 +194,20 @@ def _binary_names(cls: type) -> list[str]:
     return [f.name for f in fields(cls) if f.metadata.get(_BINARY)]
 
 
-def encode(msg: Any) -> list[bytes]:
-    """The frames of a message."""
+def encode(msg: Any) -> list[bytes | memoryview]:
+    """The frames of a message (a binary field's bytes or memoryview is a frame as it is: no copy)."""
     cls = type(msg)
     if _TYPES.get(cls.__name__) is not cls:
         raise ProtocolError(f"{cls.__name__} is not a message type")
     binaries = _binary_names(cls)
     header = {f.name: getattr(msg, f.name) for f in fields(cls) if f.name not in binaries}
     frames = [msgpack.packb({"v": PROTOCOL_VERSION, "t": cls.__name__, "f": header}, use_bin_type=True)]
-    frames += [bytes(getattr(msg, name)) for name in binaries]
+    frames += [_frame(getattr(msg, name)) for name in binaries]
     return frames
+
+
+def _frame(value: Any) -> bytes | memoryview:
+    return value if isinstance(value, bytes | memoryview) else bytes(value)
 
 
 def decode(frames: list[bytes]) -> Any:

@@ -83,6 +83,9 @@ class CodecRow:
     is_last: bool
 
 
+_EMPTY_LM: dict[int, tuple[np.ndarray, ...]] = {}  # input columns -> an empty launch's arrays
+
+
 @dataclass
 class LmLaunch:
     """The sequences of one prefill or decode launch.
@@ -113,8 +116,12 @@ class LmLaunch:
 
     @classmethod
     def empty(cls, columns: int) -> LmLaunch:
-        z = _i32([])
-        return cls([], z, z, z, np.zeros(0, dtype=np.bool_), np.zeros((0, columns), dtype=np.int32))
+        """No rows (its arrays, which have no entries, are shared)."""
+        arrays = _EMPTY_LM.get(columns)
+        if arrays is None:
+            z = _i32([])
+            arrays = _EMPTY_LM[columns] = (z, z, z, np.zeros(0, dtype=np.bool_), np.zeros((0, columns), dtype=np.int32))
+        return cls([], *arrays)
 
     @property
     def kv_len(self) -> np.ndarray:
@@ -187,5 +194,5 @@ class StepResult:
     step_id: int
     prefill_kind: np.ndarray = field(default_factory=lambda: _i32([]))
     decode_kind: np.ndarray = field(default_factory=lambda: _i32([]))
-    pcm: list[bytes] = field(default_factory=list)
+    pcm: list[bytes | memoryview] = field(default_factory=list)  # a runtime may hand out views of one copy
     stage_seconds: dict[str, float] = field(default_factory=dict)

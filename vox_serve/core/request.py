@@ -150,8 +150,9 @@ class TextFeed:
         return 1 << 40 if self.ended else len(self.ids)
 
 
-AudioSink = Callable[["Request", bytes | None, bool], None]
-"""Called with (request, pcm16 bytes or None, is_final) for every chunk and once at the end."""
+AudioSink = Callable[["Request", bytes | memoryview | None, bool], None]
+"""Called with (request, pcm16 bytes or None, is_final) for every chunk and once at the end. A chunk may be a
+read-only memoryview (of one copy of its step's audio): a sink that keeps it keeps that copy alive."""
 
 
 @dataclass

@@ -61,6 +61,7 @@ class SlotTable:
         self._in_state: dict[int, tuple[int, np.ndarray]] = {}  # state (-1: making audio) -> (changes, slots)
         self._occupancies = 0
         self._ranks = 0
+        self.num_text_fed = 0  # slots whose requests stream their text (text_limit < NEVER possible)
 
     @property
     def num_free(self) -> int:
@@ -79,6 +80,7 @@ class SlotTable:
         self.prompt_len[slot] = req.prompt_len
         self.max_tokens[slot] = req.sampling.max_tokens
         self.text_limit[slot] = NEVER if req.text_feed is None else req.text_feed.limit
+        self.num_text_fed += req.text_feed is not None
         self.capacity[slot] = self.lm_step[slot] = self.codec_step[slot] = 0
         self.occupancy[slot] = self._occupancies
         self.arrival[slot] = req.stats.arrival or 0.0
@@ -95,6 +97,7 @@ class SlotTable:
         if slot is None:
             return None
         req.counters = Counters(**{name: int(getattr(self, name)[slot]) for name in COUNTERS})
+        self.num_text_fed -= req.text_feed is not None
         req.slot, req.table = None, None
         self.requests[slot] = self.req_ids[slot] = None
         self.occupancy[slot] = 0

@@ -21,6 +21,7 @@ from vox_serve.rt.attention.base import AttentionPlan, paged_kv_offsets
 from vox_serve.rt.slot_state import SAMPLING_FIELDS
 
 HostViews = dict[str, np.ndarray]
+_NO_PCM = memoryview(b"")
 
 
 @dataclass
@@ -138,9 +139,7 @@ class StepWriter:
         if self.limits.kv_streams > 1:
             kv_len = np.tile(kv_len, self.limits.kv_streams)
         paged_kv_offsets(kv_len, self.limits.page_size, h["decode_kv_indptr"], h["decode_last_page_len"])
-        attention = AttentionPlan(len(kv_len), np.ones(len(kv_len), dtype=np.int64), kv_len, num_rows=len(kv_len),
-                                  decode=True)
-        return Launch(Stage.DECODE, bucket, attention=attention)
+        return Launch(Stage.DECODE, bucket, attention=AttentionPlan.decode_rows(kv_len))
 
     def _prefill(self, h: HostViews, rows: LmLaunch) -> Launch:
         lim, n, t = self.limits, len(rows), rows.total_tokens
@@ -224,13 +223,17 @@ class StepReader:
     def read(self, h: HostViews, plan: StepPlan, launches: list[Launch]) -> StepResult:
         result = StepResult(plan.step_id, prefill_kind=h["prefill_kind"][: len(plan.prefill)].copy(),
                             decode_kind=h["decode_kind"][: len(plan.decode)].copy())
-        pcm: list[bytes] = [b""] * len(plan.codec)
-        samples = (plan.codec.num_frames.astype(np.int64) * self.meta.samples_per_frame).tolist()
+        pcm: list[memoryview] = [_NO_PCM] * len(plan.codec)
+        row_bytes = (plan.codec.num_frames.astype(np.int64) * (2 * self.meta.samples_per_frame)).tolist()
         for launch in launches:
             if launch.rows is None:
                 continue
+            # One copy of the launch's rows out of the step buffer (which the step after next reuses); each
+            # row's PCM is a view of that copy, which lives as long as any of its rows' views.
             out = h[f"{launch.stage}_pcm"]
-            for i, row in enumerate(launch.rows.tolist()):
-                pcm[row] = out[i, : samples[row]].tobytes()
+            rows = launch.rows.tolist()
+            block, width = memoryview(out[: len(rows)].tobytes()), out.shape[1] * 2
+            for i, row in enumerate(rows):
+                pcm[row] = block[i * width : i * width + row_bytes[row]]
         result.pcm = pcm
         return result

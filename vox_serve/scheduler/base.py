@@ -266,11 +266,12 @@ class Scheduler:
             count, np.maximum(room_left - (np.cumsum(count) - count), 0))  # the first ones that fit
         taken = slots[take > 0]
         if len(taken):
-            row_slots = slots if _one_each(take) else np.repeat(slots, take)
-            rows.add(self.table, row_slots, self._take_chunks(slots, take, take == count, no_more))
+            one_each = _one_each(take)
+            row_slots = slots if one_each else np.repeat(slots, take)
+            ids = rows.add(self.table, row_slots, self._take_chunks(slots, take, take == count, no_more, one_each))
             reasons = self.reasons["codec"]
             if isinstance(why, str):
-                reasons.update(dict.fromkeys(self.table.req_ids[taken].tolist(), why))
+                reasons.update(dict.fromkeys(ids, why))  # a request's rows share its id
             else:
                 reasons.update((req.req_id, why(req)) for req in self.table.requests[taken])
         return len(taken)
@@ -283,8 +284,11 @@ class Scheduler:
         """
         t, g = self.table, self.geometry
         frames, nxt = t.num_frames(slots), t.next_chunk[slots]
-        draining = t.state[slots] == SlotState.DRAINING
-        some_draining = bool(draining.any())
+        if self.draining:
+            draining = t.state[slots] == SlotState.DRAINING
+            some_draining = bool(draining.any())
+        else:  # no request is draining
+            draining, some_draining = np.zeros(len(slots), dtype=np.bool_), False
         # a codec that pads the end needs no lookahead at it
         ahead = np.where(draining, g.final_lookahead, g.lookahead) if some_draining else g.lookahead
         base = g.skip + (g.first_frames or g.frames_per_chunk) + ahead
@@ -296,11 +300,12 @@ class Scheduler:
         return limited, (draining & (limited == count)) if some_draining else draining
 
     def _take_chunks(self, slots: np.ndarray, take: np.ndarray, all_taken: np.ndarray,
-                     no_more: np.ndarray) -> dict[str, np.ndarray]:
-        """Codec row columns of the next `take[i]` chunks of each slot; advances their next chunk."""
+                     no_more: np.ndarray, one_each: bool) -> dict[str, np.ndarray]:
+        """Codec row columns of the next `take[i]` chunks of each slot (`one_each`: every take is 1); advances
+        their next chunk."""
         t, g = self.table, self.geometry
         nxt = t.next_chunk[slots]
-        if _one_each(take):  # the usual case: nothing to repeat
+        if one_each:  # the usual case: nothing to repeat
             index, frames, last_row, final = nxt, t.num_frames(slots), True, all_taken & no_more
         else:
             offsets = np.arange(int(take.sum())) - np.repeat(np.cumsum(take) - take, take)
@@ -354,7 +359,9 @@ class Scheduler:
         prompt, computed = t.prompt_len[slots], t.num_computed[slots]
         todo = prompt + t.num_generated[slots] + t.num_pending[slots] - computed
         slots = slots[(todo > 1) | (computed < prompt)]
-        return list(t.requests[slots[~self._text_waiting(slots)]]) if len(slots) else []
+        if len(slots) and t.num_text_fed:
+            slots = slots[~self._text_waiting(slots)]
+        return list(t.requests[slots]) if len(slots) else []
 
     def _admit(self, req: Request, budget: int, rows: PrefillRows) -> bool:
         fresh = req.slot is None
@@ -448,7 +455,9 @@ class Scheduler:
         prompt, computed = t.prompt_len[slots], t.num_computed[slots]
         total = prompt + generated
         ok = ((total - computed == 1) & (computed >= prompt) & (generated < t.max_tokens[slots])
-              & (total < self.limits.max_model_len) & ~self._text_waiting(slots, generated) & ~self._planned[slots])
+              & (total < self.limits.max_model_len) & ~self._planned[slots])
+        if t.num_text_fed:
+            ok &= ~self._text_waiting(slots, generated)
         return slots[ok]
 
     def select_decode(self) -> LmLaunch:
@@ -567,11 +576,13 @@ class Scheduler:
         generated += kinds != OutKind.STOP.value
         t.num_generated[slots] = generated
         t.num_codes[slots] += _IS_AUDIO[kinds] * self.meta.codes_per_step
-        full = ((generated >= t.max_tokens[slots]) | (t.prompt_len[slots] + generated >= self.limits.max_model_len))
-        for slot in slots[stop]:
-            self._finish_generation(t.requests[slot], "stop")
-        for slot in slots[full & ~stop]:
-            self._finish_generation(t.requests[slot], "length")
+        full = (generated >= t.max_tokens[slots]) | (t.prompt_len[slots] + generated >= self.limits.max_model_len)
+        ends = stop | full
+        if ends.any():  # stops first, then lengths
+            for slot in slots[stop]:
+                self._finish_generation(t.requests[slot], "stop")
+            for slot in slots[ends & ~stop]:
+                self._finish_generation(t.requests[slot], "length")
 
     def _on_audio(self, req_ids: list[str], pcms: list[bytes], now: float) -> None:
         """Each decoded chunk to its request's stats and sink (requests that ended meanwhile are skipped)."""

@@ -89,7 +89,7 @@ def decode_launch(meta: ProgramMeta, table: SlotTable, slots: np.ndarray, starts
     n = len(slots)
     ids = np.full((n, meta.input_columns), ABSENT_ID, dtype=np.int32)
     column = meta.streamed_text_column
-    streaming = table.text_limit[slots] < NEVER if column is not None else None
+    streaming = table.text_limit[slots] < NEVER if column is not None and table.num_text_fed else None
     if streaming is not None and streaming.any():
         streamed = streaming.nonzero()[0]
         for i, req in zip(streamed.tolist(), table.requests[slots[streamed]], strict=True):
@@ -108,9 +108,12 @@ class CodecRows:
     def __len__(self) -> int:
         return len(self.req_ids)
 
-    def add(self, table: SlotTable, slots: np.ndarray, columns: dict[str, np.ndarray]) -> None:
-        self.req_ids += table.req_ids[slots].tolist()
+    def add(self, table: SlotTable, slots: np.ndarray, columns: dict[str, np.ndarray]) -> list[str]:
+        """Rows of `slots` (one per entry) with their columns; returns their request ids."""
+        ids = table.req_ids[slots].tolist()
+        self.req_ids += ids
         self.parts.append((slots, columns))
+        return ids
 
     def launch(self) -> CodecLaunch:
         if not self.req_ids:

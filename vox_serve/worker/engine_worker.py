@@ -26,6 +26,7 @@ from vox_serve.engine.registry import resolve_planner, resolve_stage
 from vox_serve.rt.device import device_scope
 from vox_serve.rt.nvtx import nvtx_range
 from vox_serve.rt.step_writer import HostViews, Launch, StepReader, StepWriter
+from vox_serve.worker.host_memory import keep_freed_buffers
 
 _DTYPES = {"int16": np.int16, "int32": np.int32, "int64": np.int64, "float32": np.float32, "bool": np.bool_,
            "uint8": np.uint8}
@@ -75,6 +76,7 @@ class EngineWorker:
         self.tables = spec["slot_state"]["tables"]
         self._steps = 0
         self.cuda = None
+        keep_freed_buffers()  # each step's audio is a fresh copy (StepReader.read)
         if self.on_cuda:
             self._setup_cuda()
 

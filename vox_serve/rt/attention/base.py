@@ -20,6 +20,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
+_ONES = np.ones(0, dtype=np.int64)
+
+
+def _ones(n: int) -> np.ndarray:
+    """A read-only array of n ones (shared: a decode plan's query lengths)."""
+    global _ONES
+    if len(_ONES) < n:
+        _ONES = np.ones(max(n, 2 * len(_ONES)), dtype=np.int64)
+        _ONES.flags.writeable = False
+    return _ONES[:n]
+
 
 @dataclass
 class AttentionPlan:
@@ -41,6 +52,18 @@ class AttentionPlan:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"need 1 <= qo_len <= kv_len, got qo_len={self.qo_lens[i]}, kv_len={self.kv_lens[i]}")
+
+    @classmethod
+    def decode_rows(cls, kv_lens: np.ndarray) -> AttentionPlan:
+        """A decode launch of len(kv_lens) rows (padded ones included), one query each: checked by the one rule
+        it can break (kv_len >= 1) instead of every row's pair."""
+        kv_lens = np.asarray(kv_lens, dtype=np.int64)
+        n = len(kv_lens)
+        if n and int(kv_lens.min()) < 1:
+            raise ValueError(f"need kv_len >= 1 in a decode launch, got {int(kv_lens.min())}")
+        plan = cls.__new__(cls)  # every field set here, without __post_init__'s per-row checks
+        vars(plan).update(num_seqs=n, qo_lens=_ones(n), kv_lens=kv_lens, num_rows=n, graph_tokens=None, decode=True)
+        return plan
 
     @property
     def is_decode(self) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -32,7 +31,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tens
 def _decode_pages_bucket(kv_lens: Any, page_size: int, max_pages_per_seq: int) -> int:
     """Page columns to gather in a decode step: the longest sequence's pages, rounded up to a
     power of two so eager steps reuse a handful of shapes, capped at the page-table width."""
-    longest = int(np.max(kv_lens, initial=1))  # kv lengths are >= 1; an empty plan gathers one page
+    longest = int(kv_lens.max()) if len(kv_lens) else 1  # kv lengths are >= 1; an empty plan gathers one page
     pages = max(1, -(-longest // page_size))
     return min(1 << (pages - 1).bit_length(), max_pages_per_seq)
 
