@@ -1,6 +1,6 @@
 """TorchAttentionBackend against a dense float64 reference over contiguous per-sequence K/V."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pytest
@@ -236,6 +236,19 @@ def test_plan_properties_and_validation() -> None:
         AttentionPlan(2, [1], [1])
     with pytest.raises(ValueError):
         AttentionPlan(1, [4], [3])
+
+
+def test_decode_rows_is_the_checked_decode_plan() -> None:
+    """The writer's unchecked decode plan has every field the checked constructor sets, with equal values."""
+    kv = np.array([5, 1, 17], dtype=np.int64)
+    fast, checked = AttentionPlan.decode_rows(kv), AttentionPlan(3, np.ones(3), kv, num_rows=3, decode=True)
+    assert set(vars(fast)) == {f.name for f in fields(AttentionPlan)}
+    for name, value in vars(checked).items():
+        assert np.array_equal(vars(fast)[name], value) and np.asarray(vars(fast)[name]).dtype == np.asarray(value).dtype
+    assert fast.is_decode and fast.num_tokens == 3 and not fast.qo_lens.flags.writeable
+    with pytest.raises(ValueError, match="kv_len >= 1"):
+        AttentionPlan.decode_rows(np.array([3, 0]))
+    assert AttentionPlan.decode_rows(np.zeros(0, dtype=np.int64)).num_seqs == 0
 
 
 def test_factory() -> None:

@@ -52,6 +52,15 @@ def test_text_is_carried_exactly_and_binary_fields_travel_as_frames() -> None:
     assert len(ipc.encode(ipc.Submit("r", {"text": TRICKY_TEXT}, 0))) == 3  # audio and voice frames, empty
 
 
+def test_a_memoryview_chunk_is_its_own_frame_without_a_copy() -> None:
+    """The engine hands out a step's chunks as views of one copy; encoding sends each as it is."""
+    block = memoryview(bytes(range(200)))
+    view = block[40:140]
+    frames = ipc.encode(ipc.Audio("r", 3, view))
+    assert frames[1] is view
+    assert ipc.decode([bytes(f) for f in frames]) == ipc.Audio("r", 3, bytes(range(40, 140)))
+
+
 def _header(v: object = ipc.PROTOCOL_VERSION, t: object = "EndText", f: object = None) -> bytes:
     return msgpack.packb({"v": v, "t": t, "f": {"req_id": "r"} if f is None else f})
 

@@ -21,6 +21,20 @@ def _i32(values: object) -> np.ndarray:
     return np.asarray(values, dtype=np.int32)
 
 
+_ONES: dict[np.dtype, np.ndarray] = {}
+
+
+def ones(n: int, dtype: type = np.int32) -> np.ndarray:
+    """n ones, read-only and shared (a decode launch's token counts and sample flags, its plan's query lengths):
+    a slice of one array per dtype, grown by doubling."""
+    kept = _ONES.get(np.dtype(dtype))
+    if kept is None or len(kept) < n:
+        kept = np.ones(max(n, 2 * (0 if kept is None else len(kept)), 64), dtype=dtype)
+        kept.flags.writeable = False
+        _ONES[np.dtype(dtype)] = kept
+    return kept[:n]
+
+
 @dataclass
 class SlotInit:
     """A request admitted into a slot this step: the slot's device state is (re)set before any launch."""

@@ -111,6 +111,11 @@ class SlotTable:
         self.admit_rank[slot] = self._ranks
         self.set_state(slot, SlotState.RUNNING)
 
+    @property
+    def changes(self) -> int:
+        """A count of state and admission-order changes: equal counts, the same slots in each state."""
+        return self._changes
+
     def set_state(self, slot: int, state: int) -> None:
         self.state[slot] = state
         self._changes += 1

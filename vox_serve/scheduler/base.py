@@ -54,6 +54,10 @@ _IS_STOP = np.array([kind.stops for kind in sorted(OutKind)])
 _IS_AUDIO = np.array([kind.is_audio for kind in sorted(OutKind)])
 
 
+def _joined(parts: tuple[np.ndarray, ...]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 def _one_each(take: np.ndarray) -> bool:
     """Every slot takes exactly one chunk (then a slot's rows need no np.repeat)."""
     return bool((take == 1).all())
@@ -96,6 +100,7 @@ class Scheduler:
         self._free_later: dict[str, int] = {}  # ended request -> the step in flight that still writes its pages
         self._planned = np.zeros(limits.slots, dtype=np.bool_)  # slots with an LM row in the plan being made
         self._running = _EMPTY  # running slots in admission order, at the start of the plan being made
+        self._running_changes = 0  # the table's `changes` when _running was taken
         self._pages: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (slot, index, page) of the plan
         self._admits: list = []
         self._codec_rows = CodecRows()
@@ -186,13 +191,14 @@ class Scheduler:
         self.notes = []
         self._planned[:] = False
         self._running = self.table.slots_in(SlotState.RUNNING)
+        self._running_changes = self.table.changes
         self._pages, self._admits = [], []
         self._codec_rows = CodecRows()
         self.select_codec()
         codec = self._codec_rows.launch()
         prefill = self.select_prefill().launch()
         decode = self.select_decode()
-        pages = PageUpdates(*(np.concatenate(column).astype(np.int32) for column in zip(*self._pages, strict=True))
+        pages = PageUpdates(*(_joined(column).astype(np.int32) for column in zip(*self._pages, strict=True))
                             ) if self._pages else PageUpdates.empty()
         plan = StepPlan(self.step_id, admits=self._admits, pages=pages, codec=codec, prefill=prefill, decode=decode)
         self._record_flight(plan)
@@ -450,7 +456,8 @@ class Scheduler:
         """Slots of running requests with one token to decode and room for it, admission order."""
         t = self.table
         slots = self._running
-        slots = slots[t.state[slots] == SlotState.RUNNING]  # not preempted for a prefill of this plan
+        if t.changes != self._running_changes:  # some slot changed state while this plan was made
+            slots = slots[t.state[slots] == SlotState.RUNNING]
         generated = t.num_generated[slots] + t.num_pending[slots]
         prompt, computed = t.prompt_len[slots], t.num_computed[slots]
         total = prompt + generated
@@ -470,8 +477,7 @@ class Scheduler:
         starts = t.num_computed[slots]  # a copy (fancy indexing)
         t.num_computed[slots] = starts + 1
         t.num_pending[slots] += 1
-        t.last_decode[slots] = self.now
-        self._planned[slots] = True
+        t.last_decode[slots] = self.now  # (_with_pages marked the rows planned)
         return decode_launch(self.meta, t, slots, starts)
 
     def decode_order(self, candidates: list[Request]) -> list[Request]:

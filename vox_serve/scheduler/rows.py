@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vox_serve.core.meta import ProgramMeta
-from vox_serve.core.plan import ABSENT_ID, CodecLaunch, LmLaunch, SlotInit
+from vox_serve.core.plan import ABSENT_ID, CodecLaunch, LmLaunch, SlotInit, ones
 from vox_serve.core.request import Request
 from vox_serve.core.slot_table import NEVER, SlotTable
 from vox_serve.scheduler.text_input import text_ids
@@ -95,7 +95,7 @@ def decode_launch(meta: ProgramMeta, table: SlotTable, slots: np.ndarray, starts
         for i, req in zip(streamed.tolist(), table.requests[slots[streamed]], strict=True):
             ids[i, column] = text_ids(req, int(starts[i]) - req.prompt_len, 1)[0]
     return LmLaunch(req_ids=table.req_ids[slots].tolist(), slot=slots.astype(np.int32), start=starts.astype(np.int32),
-                    num_tokens=np.ones(n, dtype=np.int32), sample=np.ones(n, dtype=np.bool_), input_ids=ids)
+                    num_tokens=ones(n), sample=ones(n, np.bool_), input_ids=ids)
 
 
 @dataclass

@@ -20,16 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-_ONES = np.ones(0, dtype=np.int64)
-
-
-def _ones(n: int) -> np.ndarray:
-    """A read-only array of n ones (shared: a decode plan's query lengths)."""
-    global _ONES
-    if len(_ONES) < n:
-        _ONES = np.ones(max(n, 2 * len(_ONES)), dtype=np.int64)
-        _ONES.flags.writeable = False
-    return _ONES[:n]
+from vox_serve.core.plan import ones
 
 
 @dataclass
@@ -62,7 +53,8 @@ class AttentionPlan:
         if n and int(kv_lens.min()) < 1:
             raise ValueError(f"need kv_len >= 1 in a decode launch, got {int(kv_lens.min())}")
         plan = cls.__new__(cls)  # every field set here, without __post_init__'s per-row checks
-        vars(plan).update(num_seqs=n, qo_lens=_ones(n), kv_lens=kv_lens, num_rows=n, graph_tokens=None, decode=True)
+        vars(plan).update(num_seqs=n, qo_lens=ones(n, np.int64), kv_lens=kv_lens, num_rows=n, graph_tokens=None,
+                          decode=True)
         return plan
 
     @property
