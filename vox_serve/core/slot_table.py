@@ -40,15 +40,16 @@ class SlotTable:
     """Columns indexed by slot; `requests[slot]` is the slot's request (None when free) and `req_ids[slot]`
     its id (object arrays, so a batch's requests are one fancy index)."""
 
-    def __init__(self, num_slots: int, geometry: ChunkGeometry) -> None:
-        self.num_slots, self.geometry = num_slots, geometry
+    def __init__(self, num_slots: int, geometry: ChunkGeometry, max_model_len: int) -> None:
+        self.num_slots, self.geometry, self.max_model_len = num_slots, geometry, max_model_len
         self.pool = SlotPool(num_slots)
         self.requests = np.full(num_slots, None, dtype=object)
         self.req_ids = np.full(num_slots, None, dtype=object)
         zeros = lambda: np.zeros(num_slots, dtype=np.int64)  # noqa: E731
         self.num_computed, self.num_generated, self.num_pending = zeros(), zeros(), zeros()
         self.num_codes, self.next_chunk = zeros(), zeros()
-        self.prompt_len, self.max_tokens, self.text_limit = zeros(), zeros(), zeros()
+        self.prompt_len, self.text_limit = zeros(), zeros()
+        self.gen_limit = zeros()  # tokens the request may generate: max_tokens, or fewer to stay within max_model_len
         self.capacity = zeros()  # tokens the slot's KV pages hold
         self.occupancy = zeros()  # a number unique to each admission into the slot (0: free)
         self.admit_rank = zeros()  # order of (re)admission: the base policy's decode order
@@ -78,7 +79,7 @@ class SlotTable:
         for name in COUNTERS:
             getattr(self, name)[slot] = getattr(c, name)
         self.prompt_len[slot] = req.prompt_len
-        self.max_tokens[slot] = req.sampling.max_tokens
+        self.gen_limit[slot] = min(req.sampling.max_tokens, self.max_model_len - req.prompt_len)
         self.text_limit[slot] = NEVER if req.text_feed is None else req.text_feed.limit
         self.num_text_fed += req.text_feed is not None
         self.capacity[slot] = self.lm_step[slot] = self.codec_step[slot] = 0

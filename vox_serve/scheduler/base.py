@@ -76,6 +76,7 @@ class Flight:
     prefill_sample: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
     decode_slots: np.ndarray = field(default_factory=lambda: _EMPTY)
     decode_occupancy: np.ndarray = field(default_factory=lambda: _EMPTY)
+    changes: int = -1  # the slot table's `changes` when the step was planned
 
 
 class Scheduler:
@@ -86,7 +87,7 @@ class Scheduler:
         self.meta, self.limits, self.config, self.clock = meta, limits, config, clock
         self.pool = PagePool(limits.num_pages, limits.page_size, kv_streams=limits.kv_streams)
         self.geometry = ChunkGeometry.from_meta(meta, limits.frames_per_chunk, limits.first_chunk_frames)
-        self.table = SlotTable(limits.slots, self.geometry)
+        self.table = SlotTable(limits.slots, self.geometry, limits.max_model_len)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted (holding pages), generating tokens
@@ -208,10 +209,10 @@ class Scheduler:
         if plan.is_empty:
             return
         t = self.table
-        prefill, decode = plan.prefill.slot.astype(np.int64), plan.decode.slot.astype(np.int64)
+        prefill, decode = plan.prefill.slot, plan.decode.slot
         self._flights[plan.step_id] = Flight(prefill_slots=prefill, prefill_occupancy=t.occupancy[prefill],
                                              prefill_sample=plan.prefill.sample, decode_slots=decode,
-                                             decode_occupancy=t.occupancy[decode])
+                                             decode_occupancy=t.occupancy[decode], changes=t.changes)
         t.lm_step[prefill] = t.lm_step[decode] = plan.step_id
         t.codec_step[plan.codec.slot] = plan.step_id
 
@@ -274,7 +275,8 @@ class Scheduler:
         if len(taken):
             one_each = _one_each(take)
             row_slots = slots if one_each else np.repeat(slots, take)
-            ids = rows.add(self.table, row_slots, self._take_chunks(slots, take, take == count, no_more, one_each))
+            last = ((take == count) & no_more) if self.draining else None  # a slot's last chunk is among them
+            ids = rows.add(self.table, row_slots, self._take_chunks(slots, take, last, one_each))
             reasons = self.reasons["codec"]
             if isinstance(why, str):
                 reasons.update(dict.fromkeys(ids, why))  # a request's rows share its id
@@ -305,27 +307,26 @@ class Scheduler:
         limited = np.minimum(count, 1) if self.meta.stateful_codec else count
         return limited, (draining & (limited == count)) if some_draining else draining
 
-    def _take_chunks(self, slots: np.ndarray, take: np.ndarray, all_taken: np.ndarray,
-                     no_more: np.ndarray, one_each: bool) -> dict[str, np.ndarray]:
-        """Codec row columns of the next `take[i]` chunks of each slot (`one_each`: every take is 1); advances
-        their next chunk."""
+    def _take_chunks(self, slots: np.ndarray, take: np.ndarray, last: np.ndarray | None,
+                     one_each: bool) -> dict[str, np.ndarray]:
+        """Codec row columns of the next `take[i]` chunks of each slot (`one_each`: every take is 1; `last[i]`: the
+        slot's final chunk is the last one taken, None when no request is draining); advances their next chunk."""
         t, g = self.table, self.geometry
         nxt = t.next_chunk[slots]
-        if one_each:  # the usual case: nothing to repeat
-            index, frames, last_row, final = nxt, t.num_frames(slots), True, all_taken & no_more
-        else:
-            offsets = np.arange(int(take.sum())) - np.repeat(np.cumsum(take) - take, take)
-            index = np.repeat(nxt, take) + offsets
-            frames = np.repeat(t.num_frames(slots), take)
-            last_row = offsets == np.repeat(take, take) - 1
-            final = np.repeat(all_taken & no_more, take)
+        per_row = (lambda column: column) if one_each else (lambda column: np.repeat(column, take))  # noqa: E731
+        offsets = None if one_each else np.arange(int(take.sum())) - np.repeat(np.cumsum(take) - take, take)
+        index = nxt if offsets is None else per_row(nxt) + offsets
         start, full_end = g.emitted(index)
-        # a full chunk with its lookahead, else a final one: short, or full without lookahead (codec_pads_end)
-        end = np.where(frames >= full_end + g.lookahead, full_end, np.minimum(full_end, frames - g.final_lookahead))
         t.next_chunk[slots] = nxt + take
-        return {"chunk_index": index, "first_frame": start - g.lookback,
-                "window_end": np.minimum(end + g.lookahead, frames), "num_frames": end - start,
-                "is_last": last_row & final}
+        if last is None:  # nothing is draining: every chunk is a full one with its lookahead
+            end, is_last, window_end = full_end, np.zeros(len(index), dtype=np.bool_), full_end + g.lookahead
+        else:  # a full chunk with its lookahead, else a final one: short, or full without lookahead (codec_pads_end)
+            frames = per_row(t.num_frames(slots))
+            end = np.where(frames >= full_end + g.lookahead, full_end, np.minimum(full_end, frames - g.final_lookahead))
+            last_row = True if offsets is None else offsets == per_row(take) - 1
+            is_last, window_end = last_row & per_row(last), np.minimum(end + g.lookahead, frames)
+        return {"chunk_index": index, "first_frame": start - g.lookback, "window_end": window_end,
+                "num_frames": end - start, "is_last": is_last}
 
     @property
     def num_planned_chunks(self) -> int:
@@ -460,9 +461,8 @@ class Scheduler:
             slots = slots[t.state[slots] == SlotState.RUNNING]
         generated = t.num_generated[slots] + t.num_pending[slots]
         prompt, computed = t.prompt_len[slots], t.num_computed[slots]
-        total = prompt + generated
-        ok = ((total - computed == 1) & (computed >= prompt) & (generated < t.max_tokens[slots])
-              & (total < self.limits.max_model_len) & ~self._planned[slots])
+        ok = ((prompt + generated - computed == 1) & (computed >= prompt) & (generated < t.gen_limit[slots])
+              & ~self._planned[slots])
         if t.num_text_fed:
             ok &= ~self._text_waiting(slots, generated)
         return slots[ok]
@@ -551,28 +551,31 @@ class Scheduler:
         now = self.clock()
         flight = self._flights.pop(plan.step_id, None)
         if flight is not None:
-            self._apply(flight.prefill_slots, flight.prefill_occupancy, flight.prefill_sample, result.prefill_kind, now)
-            self._apply(flight.decode_slots, flight.decode_occupancy, None, result.decode_kind, now)
+            self._apply(flight.prefill_slots, flight.prefill_occupancy, flight.prefill_sample, result.prefill_kind,
+                        now, flight.changes)
+            self._apply(flight.decode_slots, flight.decode_occupancy, None, result.decode_kind, now, flight.changes)
         if plan.codec:
             self._on_audio(plan.codec.req_ids, result.pcm, now)
         self._retire_drained()
         self._free_landed_pages()
 
     def _apply(self, slots: np.ndarray, occupancy: np.ndarray, sample: np.ndarray | None, kinds: np.ndarray,
-               now: float) -> None:
+               now: float, changes: int) -> None:
         """Apply one launch's out kinds to the rows whose request still holds the slot (and that sampled;
-        `sample` None: every row did, as in a decode launch)."""
+        `sample` None: every row did, as in a decode launch). `changes`: the table's when the step was planned
+        (the same now: every row's request still holds its slot and runs)."""
         if not len(slots):
             return
         t = self.table
-        live = t.occupancy[slots] == occupancy
+        unchanged = t.changes == changes
+        live = None if unchanged else t.occupancy[slots] == occupancy
         if sample is not None:
-            live &= sample
-        if not live.all():
+            live = sample if live is None else live & sample
+        if live is not None and not live.all():
             slots, kinds = slots[live], kinds[live]
         t.num_pending[slots] -= 1
-        running = t.state[slots] == SlotState.RUNNING
-        if not running.all():
+        running = None if unchanged else t.state[slots] == SlotState.RUNNING
+        if running is not None and not running.all():
             slots, kinds = slots[running], kinds[running]
         generated = t.num_generated[slots]  # a launch's slots are distinct, so whole columns are written back
         for slot in slots[generated == 0]:
@@ -582,8 +585,7 @@ class Scheduler:
         generated += kinds != OutKind.STOP.value
         t.num_generated[slots] = generated
         t.num_codes[slots] += _IS_AUDIO[kinds] * self.meta.codes_per_step
-        full = (generated >= t.max_tokens[slots]) | (t.prompt_len[slots] + generated >= self.limits.max_model_len)
-        ends = stop | full
+        ends = stop | (generated >= t.gen_limit[slots])  # max_tokens, or max_model_len
         if ends.any():  # stops first, then lengths
             for slot in slots[stop]:
                 self._finish_generation(t.requests[slot], "stop")
