@@ -8,6 +8,7 @@ and consumed without a Python loop over rows. `docs/engine-contract.md` states e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,18 +22,28 @@ def _i32(values: object) -> np.ndarray:
     return np.asarray(values, dtype=np.int32)
 
 
-_ONES: dict[np.dtype, np.ndarray] = {}
+_SHARED: dict[tuple[str, np.dtype], np.ndarray] = {}
+
+
+def _shared(make: Callable[..., np.ndarray], n: int, dtype: type) -> np.ndarray:
+    """make(n, dtype=dtype), read-only and shared: a slice of one array per (make, dtype), grown by doubling."""
+    key = (make.__name__, np.dtype(dtype))
+    kept = _SHARED.get(key)
+    if kept is None or len(kept) < n:
+        kept = make(max(n, 2 * (0 if kept is None else len(kept)), 64), dtype=dtype)
+        kept.flags.writeable = False
+        _SHARED[key] = kept
+    return kept[:n]
 
 
 def ones(n: int, dtype: type = np.int32) -> np.ndarray:
-    """n ones, read-only and shared (a decode launch's token counts and sample flags, its plan's query lengths):
-    a slice of one array per dtype, grown by doubling."""
-    kept = _ONES.get(np.dtype(dtype))
-    if kept is None or len(kept) < n:
-        kept = np.ones(max(n, 2 * (0 if kept is None else len(kept)), 64), dtype=dtype)
-        kept.flags.writeable = False
-        _ONES[np.dtype(dtype)] = kept
-    return kept[:n]
+    """n ones, read-only and shared (a decode launch's token counts and sample flags, its plan's query lengths)."""
+    return _shared(np.ones, n, dtype)
+
+
+def arange(n: int) -> np.ndarray:
+    """0 .. n-1 (int64), read-only and shared (the rows of a launch that takes every row of the plan in order)."""
+    return _shared(np.arange, n, np.int64)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vox_serve.core.meta import CODEC_PREFIX, EngineLimits, ProgramMeta
-from vox_serve.core.plan import NO_SLOT, CodecLaunch, LmLaunch, SlotInit, StepPlan, StepResult
+from vox_serve.core.plan import NO_SLOT, CodecLaunch, LmLaunch, SlotInit, StepPlan, StepResult, arange
 from vox_serve.core.stages import Stage, pick_bucket
 from vox_serve.rt.attention.base import AttentionPlan, paged_kv_offsets
 from vox_serve.rt.slot_state import SAMPLING_FIELDS
@@ -74,10 +74,10 @@ class StepWriter:
         n, cap = len(admits), self.limits.max_admits
         if n > cap:
             raise ValueError(f"{n} admissions in one step; the engine takes {cap}")
-        h["admit_slot"][:n] = [a.slot for a in admits]
         h["admit_slot"][n:] = NO_SLOT
         if not n:
             return  # a step with page updates only: every admit row is a no-op
+        h["admit_slot"][:n] = [a.slot for a in admits]
         for name in SAMPLING_FIELDS:
             h[f"admit_{name}"][:n] = [getattr(a, name) for a in admits]
         for f in self.meta.layout.slot_fields:
@@ -113,18 +113,24 @@ class StepWriter:
     def _codec(self, h: HostViews, codec: CodecLaunch) -> list[Launch]:
         if len(codec) > self.limits.max_codec_batch:
             raise ValueError(f"{len(codec)} codec rows exceed --max-codec-batch {self.limits.max_codec_batch}")
-        first = codec.chunk_index == 0 if self.limits.has_first_chunks else np.zeros(len(codec), dtype=np.bool_)
+        first = codec.chunk_index == 0 if self.limits.has_first_chunks else None
+        if first is None or not first.any():  # one launch of every row
+            return [self._codec_launch(h, Stage.CODEC, codec, None)]
         out = []
         for stage, rows in ((Stage.CODEC_FIRST, first.nonzero()[0]), (Stage.CODEC, (~first).nonzero()[0])):
-            if not len(rows):
-                continue
-            bucket = pick_bucket(len(rows), self.buckets[stage])
-            n = len(rows)
-            _put(h[f"{stage}_slot"], codec.slot[rows], bucket, NO_SLOT)
-            _put(h[f"{stage}_first_frame"], codec.first_frame[rows], bucket, 0)
-            _put(h[f"{stage}_window_end"], codec.window_end[rows], bucket, 1)
-            out.append(Launch(stage, bucket, rows=rows[:n]))
+            if len(rows):
+                out.append(self._codec_launch(h, stage, codec, rows))
         return out
+
+    def _codec_launch(self, h: HostViews, stage: Stage, codec: CodecLaunch, rows: np.ndarray | None) -> Launch:
+        """The codec rows `rows` of the plan (None: all of them, in order) as one launch of `stage`."""
+        pick = (lambda column: column) if rows is None else (lambda column: column[rows])  # noqa: E731
+        n = len(codec) if rows is None else len(rows)
+        bucket = pick_bucket(n, self.buckets[stage])
+        _put(h[f"{stage}_slot"], pick(codec.slot), bucket, NO_SLOT)
+        _put(h[f"{stage}_first_frame"], pick(codec.first_frame), bucket, 0)
+        _put(h[f"{stage}_window_end"], pick(codec.window_end), bucket, 1)
+        return Launch(stage, bucket, rows=arange(n) if rows is None else rows)
 
     def _decode(self, h: HostViews, rows: LmLaunch) -> Launch:
         n = len(rows)
