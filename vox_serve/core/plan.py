@@ -22,12 +22,15 @@ def _i32(values: object) -> np.ndarray:
     return np.asarray(values, dtype=np.int32)
 
 
-_SHARED: dict[tuple[str, np.dtype], np.ndarray] = {}
+_NONE_I32, _NONE_BOOL = _i32([]), np.zeros(0, dtype=np.bool_)  # shared by empty launches (no entries to change)
+
+
+_SHARED: dict[tuple[Callable[..., np.ndarray], type], np.ndarray] = {}
 
 
 def _shared(make: Callable[..., np.ndarray], n: int, dtype: type) -> np.ndarray:
     """make(n, dtype=dtype), read-only and shared: a slice of one array per (make, dtype), grown by doubling."""
-    key = (make.__name__, np.dtype(dtype))
+    key = (make, dtype)
     kept = _SHARED.get(key)
     if kept is None or len(kept) < n:
         kept = make(max(n, 2 * (0 if kept is None else len(kept)), 64), dtype=dtype)
@@ -73,7 +76,7 @@ class PageUpdates:
 
     @classmethod
     def empty(cls) -> PageUpdates:
-        return cls(_i32([]), _i32([]), _i32([]))
+        return cls(_NONE_I32, _NONE_I32, _NONE_I32)
 
     def __len__(self) -> int:
         return len(self.slot)
@@ -144,8 +147,8 @@ class LmLaunch:
         """No rows (its arrays, which have no entries, are shared)."""
         arrays = _EMPTY_LM.get(columns)
         if arrays is None:
-            z = _i32([])
-            arrays = _EMPTY_LM[columns] = (z, z, z, np.zeros(0, dtype=np.bool_), np.zeros((0, columns), dtype=np.int32))
+            z = _NONE_I32
+            arrays = _EMPTY_LM[columns] = (z, z, z, _NONE_BOOL, np.zeros((0, columns), dtype=np.int32))
         return cls([], *arrays)
 
     @property
@@ -182,8 +185,8 @@ class CodecLaunch:
 
     @classmethod
     def empty(cls) -> CodecLaunch:
-        z = _i32([])
-        return cls([], z, z, z, z, z, np.zeros(0, dtype=np.bool_))
+        """No rows (its arrays, which have no entries, are shared)."""
+        return cls([], _NONE_I32, _NONE_I32, _NONE_I32, _NONE_I32, _NONE_I32, _NONE_BOOL)
 
     def take(self, rows: np.ndarray) -> CodecLaunch:
         """The rows selected by an index or mask array, in order."""

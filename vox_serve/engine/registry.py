@@ -75,11 +75,15 @@ def resolve_planner(handle: str) -> Callable[[Stage, Any, int], None]:
         raise ValueError(f"{handle!r} is not a planner handle")
     program = _ENGINES[int(engine_id)].program
     inference = torch.inference_mode()
+    inputs: dict[tuple[Stage, int], Any] = {}  # views of fixed buffers: made once per (stage, host buffer)
 
     def plan(stage: Stage, attention_plan: Any, host_buffer: int) -> None:
+        key = (stage, host_buffer)
+        if key not in inputs:
+            inputs[key] = plan_inputs(program, stage, host_buffer)
         # FlashInfer's wrappers create some buffers at their first plan, at warm-up (inference mode):
         # later plans write them in place, which only inference mode allows
         with inference:
-            program.attention.plan(attention_plan, plan_inputs(program, stage, host_buffer))
+            program.attention.plan(attention_plan, inputs[key])
 
     return plan

@@ -229,6 +229,8 @@ class StepReader:
     def read(self, h: HostViews, plan: StepPlan, launches: list[Launch]) -> StepResult:
         result = StepResult(plan.step_id, prefill_kind=h["prefill_kind"][: len(plan.prefill)].copy(),
                             decode_kind=h["decode_kind"][: len(plan.decode)].copy())
+        if not len(plan.codec):
+            return result
         pcm: list[memoryview] = [_NO_PCM] * len(plan.codec)
         row_bytes = (plan.codec.num_frames.astype(np.int64) * (2 * self.meta.samples_per_frame)).tolist()
         for launch in launches:

@@ -52,6 +52,7 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 # lookup each (comparing an array with IntEnum members is several times slower than indexing).
 _IS_STOP = np.array([kind.stops for kind in sorted(OutKind)])
 _IS_AUDIO = np.array([kind.is_audio for kind in sorted(OutKind)])
+_IS_TOKEN = np.array([kind is not OutKind.STOP for kind in sorted(OutKind)], dtype=np.int64)  # counts as generated
 
 
 def _joined(parts: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -105,6 +106,7 @@ class Scheduler:
         self._pages: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (slot, index, page) of the plan
         self._admits: list = []
         self._codec_rows = CodecRows()
+        self._codes_of = _IS_AUDIO * meta.codes_per_step  # out kind -> codes the row adds
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -582,9 +584,9 @@ class Scheduler:
             stats = t.requests[slot].stats
             stats.first_token = stats.first_token or now
         stop = _IS_STOP[kinds]
-        generated += kinds != OutKind.STOP.value
+        generated += _IS_TOKEN[kinds]
         t.num_generated[slots] = generated
-        t.num_codes[slots] += _IS_AUDIO[kinds] * self.meta.codes_per_step
+        t.num_codes[slots] += self._codes_of[kinds]
         ends = stop | (generated >= t.gen_limit[slots])  # max_tokens, or max_model_len
         if ends.any():  # stops first, then lengths
             for slot in slots[stop]:
