@@ -145,9 +145,13 @@ class StreamingDriver:
                                    dataclasses.replace(config.scheduler, scheduler_type=policy))
         self.loop = EngineLoop(scheduler, engine_worker(program), async_scheduling=async_scheduling, record=True)
         self.sent: list = []
-        self.service = SchedulerService(self.loop, program.preprocess, config, self.sent.append, streamer=program)
+        self.service = SchedulerService(self.loop, program.preprocess, config, self.receive, streamer=program)
         self.scheduler = scheduler
         self.reqs: dict = {}  # req_id -> Request, once started
+
+    def receive(self, msg: object) -> None:
+        """As the API dispatches it: a step's AudioBatch as its chunks."""
+        self.sent.extend(ipc.request_events(msg))
 
     def start(self, req_id: str, fields: dict, audio: bytes = b"") -> None:
         self.service.handle(ipc.Submit(req_id, fields, 0, input_streaming=True, audio=audio))

@@ -34,6 +34,7 @@ MESSAGES = [
               stage_times={"decode": [2, 0.01, 1, 1, 0]}),
     ipc.Started("r1", 17),
     ipc.Audio("r1", 3, bytes(range(256)) * 8),
+    ipc.AudioBatch(["r1", "r2"], [3, 0], [4, 2], b"\x00\x01\x02\x03\x04\x05"),
     ipc.Finished("r1", "stop", 35, 4096),
     ipc.Failed("r1", str(ipc.ErrorCode.INVALID_FIELD), "voice: unknown", "voice"),
 ]
@@ -50,6 +51,22 @@ def test_text_is_carried_exactly_and_binary_fields_travel_as_frames() -> None:
     assert len(frames) == 2 and frames[1] == pcm and len(frames[0]) < 100
     assert ipc.decode(ipc.encode(ipc.AppendText("r", TRICKY_TEXT))).text == TRICKY_TEXT
     assert len(ipc.encode(ipc.Submit("r", {"text": TRICKY_TEXT}, 0))) == 3  # audio and voice frames, empty
+
+
+def test_an_audio_batch_splits_into_its_chunks_in_order() -> None:
+    outbox = ipc.AudioOutbox()
+    outbox.add("a", 0, b"\x01\x02")
+    outbox.add("b", 4, memoryview(b"\x03\x04\x05\x06"))
+    outbox.add("a", 1, b"")
+    batch = ipc.decode([bytes(f) for f in ipc.encode(outbox.take())])
+    assert len(outbox) == 0 and batch.sizes == [2, 4, 0]
+    assert ipc.request_events(batch) == [ipc.Audio("a", 0, b"\x01\x02"), ipc.Audio("b", 4, b"\x03\x04\x05\x06"),
+                                         ipc.Audio("a", 1, b"")]
+    assert ipc.request_events(ipc.EndText("a")) == [ipc.EndText("a")]
+    with pytest.raises(ipc.ProtocolError, match="AudioBatch of 2 chunks"):
+        ipc.request_events(ipc.AudioBatch(["a", "b"], [0, 0], [2, 3], b"\x00" * 4))
+    with pytest.raises(ipc.ProtocolError, match="1 indices"):
+        ipc.request_events(ipc.AudioBatch(["a", "b"], [0], [2, 2], b"\x00" * 4))
 
 
 def test_a_memoryview_chunk_is_its_own_frame_without_a_copy() -> None:

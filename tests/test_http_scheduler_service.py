@@ -32,11 +32,18 @@ def program() -> Any:
 
 class Harness:
     def __init__(self, program: Any, input_streaming: bool = False,
-                 preprocess: Callable[[dict[str, Any]], list[list[int]]] | None = None) -> None:
+                 preprocess: Callable[[dict[str, Any]], list[list[int]]] | None = None, queue: int = 1) -> None:
         meta = dataclasses.replace(program.meta, supports_input_streaming=input_streaming)
-        loop = EngineLoop(Scheduler(meta, program.limits, CONFIG.scheduler), engine_worker(program))
+        scheduler = dataclasses.replace(CONFIG.scheduler, max_queued_requests=queue)
+        loop = EngineLoop(Scheduler(meta, program.limits, scheduler), engine_worker(program))
         self.sent: list[Any] = []
-        self.service = SchedulerService(loop, preprocess or program.preprocess, CONFIG, self.sent.append)
+        self.wire: list[Any] = []
+        self.service = SchedulerService(loop, preprocess or program.preprocess, CONFIG, self.receive)
+
+    def receive(self, msg: Any) -> None:
+        """As the API dispatches it: a step's AudioBatch as its chunks (`wire`: the messages as sent)."""
+        self.wire.append(msg)
+        self.sent.extend(ipc.request_events(msg))
 
     def run(self, max_steps: int = 500) -> None:
         for _ in range(max_steps):
@@ -67,6 +74,22 @@ def test_request_streams_audio_then_one_finished_and_frees_its_pages(program: An
     assert events[-1] == ipc.Finished("r", "length", 35, len(h.pcm("r")) // 2)
     assert sum(isinstance(e, ipc.Finished | ipc.Failed) for e in events) == 1
     assert h.pools_full() and h.service.stats().num_finished == 1
+
+
+def test_a_steps_chunks_travel_as_one_batch_before_the_finished_message(program: Any) -> None:
+    """Two requests in step: every step's chunks of both go as one AudioBatch, never as single Audio messages,
+    and each request's Finished comes after the batch holding its last chunk."""
+    h = Harness(program, queue=2)
+    for req_id in ("a", "b"):
+        h.service.handle(ipc.Submit(req_id, FIELDS, default_seed=3))
+    h.run()
+    batches = [m for m in h.wire if isinstance(m, ipc.AudioBatch)]
+    assert not any(isinstance(m, ipc.Audio) for m in h.wire)
+    assert any(sorted(b.req_ids) == ["a", "b"] for b in batches), "both requests' chunks share a step's message"
+    for req_id in ("a", "b"):
+        finished = next(i for i, m in enumerate(h.wire) if isinstance(m, ipc.Finished) and m.req_id == req_id)
+        assert max(i for i, m in enumerate(h.wire) if isinstance(m, ipc.AudioBatch) and req_id in m.req_ids) < finished
+        assert len(h.pcm(req_id)) == 2 * h.events(req_id)[-1].num_samples > 0
 
 
 def test_a_field_the_model_cannot_take_fails_naming_it(program: Any) -> None:

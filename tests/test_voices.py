@@ -170,7 +170,8 @@ def test_a_saved_voice_runs_no_encoder_in_the_replica() -> None:
     program, config = tiny(MODEL)
     sent: list[Any] = []
     loop = EngineLoop(Scheduler(program.meta, program.limits, config.scheduler), engine_worker(program))
-    service = SchedulerService(loop, program.preprocess, config, sent.append, voice_encoder=program.encode_voice)
+    service = SchedulerService(loop, program.preprocess, config, lambda m: sent.extend(ipc.request_events(m)),
+                               voice_encoder=program.encode_voice)
     service.handle(ipc.EncodeVoice("v", "carol", 0, None, clip()))
     [encoded] = [m for m in sent if isinstance(m, ipc.VoiceEncoded)]
     cloner = program.cloner

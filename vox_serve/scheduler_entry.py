@@ -61,9 +61,10 @@ class Preparing:
 class SchedulerService:
     """The message handling of one replica, independent of the transport (tests drive it directly).
 
-    `send` carries messages to the API. Requests the API aborted end silently; every other request
-    ends with exactly one Finished or Failed message. `streamer` (the program, for a model whose meta
-    has a `streamed_text_column`) starts input-streaming requests before their text ends
+    `send` carries messages to the API. A step's audio chunks go as one AudioBatch after the step (or before
+    any other message, so a request's messages keep their order). Requests the API aborted end silently;
+    every other request ends with exactly one Finished or Failed message. `streamer` (the program, for a model
+    whose meta has a `streamed_text_column`) starts input-streaming requests before their text ends
     (text_sessions.py); without it, a session's text is collected and the request starts at its end.
     `voice_encoder` (models that clone voices) computes saved voices' prompts (EncodeVoice); a request
     naming a saved voice brings that prompt, which its preprocess finds in SAVED_VOICE_FIELD.
@@ -74,7 +75,8 @@ class SchedulerService:
                  streamer: TextStreaming | None = None, prompts: PromptPool | None = None,
                  voice_encoder: VoiceEncoder | None = None) -> None:
         self.loop, self.scheduler = loop, loop.scheduler
-        self.meta, self.preprocess, self.send = loop.scheduler.meta, preprocess, send
+        self.meta, self.preprocess, self._transport = loop.scheduler.meta, preprocess, send
+        self.audio = ipc.AudioOutbox()
         self.streamer, self.voice_encoder = streamer, voice_encoder
         self.prompts = prompts or PromptPool(threads=0)
         self.preparing: dict[str, Preparing] = {}
@@ -93,6 +95,16 @@ class SchedulerService:
             ipc.Submit: self._on_submit, ipc.AppendText: self._on_append, ipc.EndText: self._on_end,
             ipc.Abort: self._on_abort, ipc.Shutdown: self._on_shutdown, ipc.EncodeVoice: self._on_encode_voice,
         }
+
+    # ---- messages out --------------------------------------------------------------------
+    def send(self, msg: Any) -> None:
+        """Send `msg` after the audio chunks collected so far."""
+        self.flush_audio()
+        self._transport(msg)
+
+    def flush_audio(self) -> None:
+        if len(self.audio):
+            self._transport(self.audio.take())
 
     # ---- messages in ---------------------------------------------------------------------
     def handle(self, msg: Any) -> None:
@@ -318,7 +330,7 @@ class SchedulerService:
     def _on_audio(self, req: Request, pcm: bytes | None, final: bool) -> None:
         """The request sink: audio chunks as binary frames, then one final message."""
         if pcm:
-            self.send(ipc.Audio(req.req_id, req.extra["num_chunks_sent"], pcm))
+            self.audio.add(req.req_id, req.extra["num_chunks_sent"], pcm)
             req.extra["num_chunks_sent"] += 1
             req.extra["num_samples_sent"] += len(pcm) // 2
         if not final:
@@ -363,6 +375,8 @@ class SchedulerService:
             for req_id in list(self.scheduler.requests):
                 self._fail_request(req_id, f"{type(exc).__name__}: {exc}")
             return 0.0
+        finally:
+            self.flush_audio()
         return IDLE_POLL_S if wait is None else min(wait, IDLE_POLL_S)
 
     def stats(self) -> ipc.Stats:

@@ -315,7 +315,8 @@ class ReplicaManager:
         while True:
             frames = await self._pull.recv_multipart()
             try:
-                self._dispatch(ipc.decode(frames))
+                for msg in ipc.request_events(ipc.decode(frames)):
+                    self._dispatch(msg)
             except ipc.ProtocolError as exc:
                 log.error("dropping a malformed message from a replica: %s", exc)
             except Exception:  # keep reading: a lost reader would leave every request hanging
