@@ -22,9 +22,10 @@ pub struct PeerCopy {
 
 impl PeerCopy {
     /// Between the LM half's launch stream and the codec half's; enables the codec device's access to
-    /// the LM device's memory where the hardware allows it (else the driver stages the copy).
+    /// the LM device's memory where the hardware allows it (else the driver stages the copy). Two halves
+    /// on one device (a test's) need no peer access.
     pub fn new(lm_device: i32, lm_stream: u64, codec_device: i32, codec_stream: u64) -> Result<PeerCopy, String> {
-        if !cuda::enable_peer_access(codec_device, lm_device).map_err(err)? {
+        if codec_device != lm_device && !cuda::enable_peer_access(codec_device, lm_device).map_err(err)? {
             eprintln!("vox-serve: warning: cuda:{codec_device} cannot read cuda:{lm_device} directly: the driver \
                        stages the hand-over copy");
         }
