@@ -1,15 +1,21 @@
 """Several GPUs (marker `gpu`, skipped unless 2 or more are visible): a disaggregated engine (LM on cuda:0, codec
 on cuda:1, CUDA graphs, the hand-over a peer copy on the codec stream) makes byte-identical audio to the whole
-engine on cuda:0, synchronous and with asynchronous scheduling; --dp-size 2 serves on cuda:0 and cuda:1."""
+engine on cuda:0, synchronous and with asynchronous scheduling, and in the Rust runtime's bench mode (its WAVs
+equal to its whole engine's and to the Python runtime's); --dp-size 2 serves on cuda:0 and cuda:1."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 from http_harness import generate_concurrently, parse_wav, running_server, wait_until
+from rust_helpers import require_rt
 
 from tests.engine_helpers import make_loop, prepare
 from tests.orpheus_helpers import run_requests
@@ -50,6 +56,36 @@ def test_disaggregated_on_two_gpus_equals_one_gpu(model: str) -> None:
     assert all(len(pcm) > 0 for pcm in whole) and split == whole
     asynchronous, _ = _audio(_config(model, disaggregated=True, async_scheduling=True))
     assert asynchronous == whole
+
+
+def _bench_wavs(runtime: str, out: Path, model: str, *extra: str) -> dict[str, bytes]:
+    cmd = [sys.executable, "-m", "vox_serve.launch", "--runtime", runtime, "--model", model, "--device", "cuda",
+           "--bench-requests", "3", "--greedy", "--bench-out", str(out), "--max-batch-size", "8",
+           "--max-codec-batch", "8", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}', *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {f.name: f.read_bytes() for f in sorted(out.glob("*.wav"))}
+
+
+@pytest.mark.parametrize("model,extra", [
+    ("orpheus-tiny", ()), ("qwen3-tts-tiny", ()), ("csm-tiny", ()),
+    ("orpheus-tiny", ("--disable-cuda-graph",)),  # eager stages: callables on each half's stream
+], ids=["orpheus", "qwen3", "csm", "orpheus-eager"])
+def test_rust_disaggregated_on_two_gpus_equals_one_gpu(tmp_path: Path, model: str, extra: tuple[str, ...]) -> None:
+    """The Rust driver: the LM half's graphs on cuda:0, the codec half's on cuda:1, the hand-over a peer copy on
+    the codec stream between events; the trace shows both halves' launches, timed by CUDA events."""
+    require_rt()
+    reference = _bench_wavs("python", tmp_path / "py", model, *extra)
+    assert list(reference) == ["bench-000.wav", "bench-001.wav", "bench-002.wav"]
+    assert _bench_wavs("rust", tmp_path / "whole", model, *extra) == reference
+    trace = tmp_path / "trace"
+    split = _bench_wavs("rust", tmp_path / "split", model, *extra, "--enable-disaggregation", "--trace-dir", str(trace))
+    assert split == reference
+    (path,) = trace.glob("*.jsonl")
+    stages = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "stage"]
+    names = {s["stage"] for s in stages}
+    assert {"handover", "codec_prologue", "codec", "decode"} <= names, names
+    assert all(s["timer"] == "cuda" and s["device_ms"] > 0 for s in stages)
 
 
 def test_dp2_serves_on_two_gpus(tmp_path: Path) -> None:

@@ -108,7 +108,7 @@ FLAGS: tuple[Flag, ...] = (
        help="plan the next step while the GPU runs the current one"),
     # several GPUs
     _f("--dp-size", type=int, default=1, help="replicas, one per GPU"),
-    _f("--enable-disaggregation", action="store_true", implemented_in=PY_ONLY,
+    _f("--enable-disaggregation", action="store_true",
        help="the LM on GPU 0 and the codec on GPU 1 (with --dp-size N: replica i on GPUs 2i and 2i+1; "
             "on a CPU both halves run on the CPU)"),
     # server

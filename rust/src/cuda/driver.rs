@@ -22,6 +22,8 @@ pub type CuDevicePtr = u64;
 
 pub const CUDA_SUCCESS: CuResult = 0;
 pub const CUDA_ERROR_NOT_READY: CuResult = 600;
+/// cuCtxEnablePeerAccess on a context that already has it: not a failure.
+pub const CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: CuResult = 704;
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
 pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
 pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
@@ -82,6 +84,10 @@ driver_api! {
     mem_host_alloc: "cuMemHostAlloc" => fn(*mut *mut c_void, usize, c_uint);
     mem_free_host: "cuMemFreeHost" => fn(*mut c_void);
     memcpy_dtoh_async: "cuMemcpyDtoHAsync_v2" => fn(*mut c_void, CuDevicePtr, usize, CuStream);
+    memcpy_peer_async: "cuMemcpyPeerAsync" => fn(CuDevicePtr, CuContext, CuDevicePtr, CuContext, usize, CuStream);
+    device_can_access_peer: "cuDeviceCanAccessPeer" => fn(*mut c_int, CuDevice, CuDevice);
+    ctx_enable_peer_access: "cuCtxEnablePeerAccess" => fn(CuContext, c_uint);
+    stream_wait_event: "cuStreamWaitEvent" => fn(CuStream, CuEvent, c_uint);
     stream_synchronize: "cuStreamSynchronize" => fn(CuStream);
     event_create: "cuEventCreate" => fn(*mut CuEvent, c_uint);
     event_record: "cuEventRecord" => fn(CuEvent, CuStream);

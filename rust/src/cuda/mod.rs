@@ -115,6 +115,48 @@ pub fn memcpy_dtoh_async(device: i32, dst: u64, src: u64, num_bytes: usize, stre
     check(api, code, "cuMemcpyDtoHAsync")
 }
 
+/// Asynchronous copy from `src` on device `src_device` to `dst` on `dst_device`, on `stream` (one of
+/// `dst_device`'s): direct where peer access is enabled, else staged by the driver, never through
+/// memory of ours.
+pub fn memcpy_peer_async(dst_device: i32, dst: u64, src_device: i32, src: u64, num_bytes: usize, stream: u64)
+                         -> CudaResult<()> {
+    let api = bind(dst_device)?;
+    let (dst_ctx, src_ctx) = (primary_context(api, dst_device)?, primary_context(api, src_device)?);
+    // SAFETY: the caller guarantees both device ranges are valid for num_bytes until the copy completes.
+    let code = unsafe { (api.memcpy_peer_async)(dst, dst_ctx, src, src_ctx, num_bytes, stream as CuStream) };
+    check(api, code, "cuMemcpyPeerAsync")
+}
+
+/// Let `device`'s context access `peer`'s memory directly; false where the two devices cannot
+/// (copies between them are then staged by the driver).
+pub fn enable_peer_access(device: i32, peer: i32) -> CudaResult<bool> {
+    let api = bind(device)?;
+    let (mut dev, mut peer_dev, mut can) = (0, 0, 0);
+    // SAFETY: valid out-pointers; the ordinals are checked by bind() and cuDeviceGet.
+    unsafe {
+        check(api, (api.device_get)(&mut dev, device), "cuDeviceGet")?;
+        check(api, (api.device_get)(&mut peer_dev, peer), "cuDeviceGet")?;
+        check(api, (api.device_can_access_peer)(&mut can, dev, peer_dev), "cuDeviceCanAccessPeer")?;
+    }
+    if can == 0 {
+        return Ok(false);
+    }
+    let peer_ctx = primary_context(api, peer)?;
+    // SAFETY: `device`'s context is current (bind); peer_ctx is a retained primary context.
+    let code = unsafe { (api.ctx_enable_peer_access)(peer_ctx, 0) };
+    if code == driver::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+        return Ok(true);
+    }
+    check(api, code, "cuCtxEnablePeerAccess").map(|_| true)
+}
+
+/// Work queued on `stream` (of `device`) after this call waits for `event` (of any device).
+pub fn stream_wait_event(device: i32, stream: u64, event: &Event) -> CudaResult<()> {
+    let api = bind(device)?;
+    // SAFETY: the event is live; the caller guarantees the stream handle is.
+    check(api, unsafe { (api.stream_wait_event)(stream as CuStream, event.raw(), 0) }, "cuStreamWaitEvent")
+}
+
 pub fn stream_synchronize(device: i32, stream: u64) -> CudaResult<()> {
     let api = bind(device)?;
     // SAFETY: the caller guarantees the stream handle is live.

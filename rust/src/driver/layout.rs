@@ -40,7 +40,7 @@ impl DType {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Field {
     pub offset: usize,
     pub nbytes: usize,

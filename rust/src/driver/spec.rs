@@ -36,6 +36,11 @@ impl Stage {
         }
     }
 
+    /// The stages that decode chunk windows (`core/stages.py` `CODEC_WINDOW_STAGES`).
+    pub fn decodes_windows(self) -> bool {
+        matches!(self, Stage::CodecFirst | Stage::Codec)
+    }
+
     pub fn parse(name: &str) -> Result<Stage, String> {
         Stage::ALL.iter().copied().find(|s| s.name() == name).ok_or_else(|| format!("unknown stage {name:?}"))
     }
@@ -66,10 +71,44 @@ impl StageSpec {
     }
 }
 
+/// Which stages an engine runs (`core/stages.py` `EngineHalf`): all of them, or one half of a
+/// disaggregated engine (engine/disagg.py).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Half {
+    Whole,
+    /// The prologue, prefill and decode; its codec stages gather the codec rows' windows into its hand-over arena.
+    Lm,
+    /// The prologue, codec priming and the codec stages, over the windows copied into its hand-over arena.
+    Codec,
+}
+
+impl Half {
+    pub fn name(self) -> &'static str {
+        match self {
+            Half::Whole => "whole",
+            Half::Lm => "lm",
+            Half::Codec => "codec",
+        }
+    }
+
+    /// `spec.half`; a spec without one (or `null`) is a whole engine's.
+    fn parse(spec: &Value) -> Result<Half, String> {
+        match spec.get("half").and_then(Value::as_str) {
+            None | Some("whole") => Ok(Half::Whole),
+            Some("lm") => Ok(Half::Lm),
+            Some("codec") => Ok(Half::Codec),
+            Some(other) => Err(format!("spec.half {other:?}: expected whole, lm or codec")),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct EngineSpec {
     pub engine_id: i64,
     pub device: String,
+    pub half: Half,
+    /// A disaggregated half's hand-over arena (`spec.handover`: the codec rows' window inputs).
+    pub handover: Option<ArenaLayout>,
     pub meta: ProgramMeta,
     pub limits: EngineLimits,
     pub step_in: ArenaLayout,
@@ -129,9 +168,15 @@ impl EngineSpec {
         if step_in.host_ptrs.len() != step_out.host_ptrs.len() {
             return Err("arenas: step_in and step_out have different numbers of host buffers".into());
         }
+        let handover = match spec.get("handover") {
+            None | Some(Value::Null) => None,
+            Some(h) => Some(ArenaLayout::from_json(h, "spec.handover.")?),
+        };
         Ok(EngineSpec {
             engine_id: int(spec, "spec.", "engine_id")?,
             device: string(spec, "spec.", "device")?,
+            half: Half::parse(spec)?,
+            handover,
             meta: ProgramMeta::from_json(get(spec, "spec.", "meta")?)?,
             limits: EngineLimits::from_json(get(spec, "spec.", "limits")?)?,
             step_in,

@@ -28,7 +28,8 @@ pub trait Launcher {
 
 pub struct StepHandle {
     shape: PlanShape,
-    launches: Vec<Launch>,
+    /// The step's launches, in launch order.
+    pub launches: Vec<Launch>,
     parity: usize,
     seconds: Vec<(&'static str, f64)>,
 }
@@ -48,6 +49,35 @@ impl<L: Launcher> EngineWorker<L> {
         Ok(EngineWorker { launcher, writer: StepWriter::new(spec)?, reader: StepReader::new(spec)?,
                           in_bufs: bufs(&spec.step_in.host_ptrs), out_bufs: bufs(&spec.step_out.host_ptrs), steps: 0 })
     }
+
+    // The parts of `Worker::launch`, for a worker that interleaves two engines' steps (`disagg.rs`).
+
+    /// Write the plan into the next host buffer and upload it; the handle lists the step's launches.
+    pub fn begin(&mut self, plan: &StepPlan) -> Result<StepHandle, String> {
+        let parity = (self.steps % self.in_bufs.len() as u64) as usize;
+        self.steps += 1;
+        let (launches, nbytes) = self.writer.write(self.in_bufs[parity], plan)?;
+        self.launcher.upload(parity, nbytes)?;
+        let seconds = Vec::with_capacity(launches.len());
+        Ok(StepHandle { shape: PlanShape::of(plan), launches, parity, seconds })
+    }
+
+    /// Plan (LM launches) and run the step's launch `index`.
+    pub fn run(&mut self, handle: &mut StepHandle, index: usize) -> Result<(), String> {
+        let launch = &handle.launches[index];
+        if let Some(attention) = &launch.attention {
+            self.launcher.plan_attention(launch, attention, handle.parity)?;
+        }
+        if let Some(wall) = self.launcher.run(handle.parity, launch)? {
+            handle.seconds.push((launch.stage.name(), wall));
+        }
+        Ok(())
+    }
+
+    /// After the step's launches: download its outputs.
+    pub fn finish(&mut self, handle: &StepHandle) -> Result<(), String> {
+        self.launcher.download(handle.parity, self.reader.download_bytes(&handle.launches))
+    }
 }
 
 impl<L: Launcher> Worker for EngineWorker<L> {
@@ -58,21 +88,12 @@ impl<L: Launcher> Worker for EngineWorker<L> {
     }
 
     fn launch(&mut self, plan: &StepPlan) -> Result<StepHandle, String> {
-        let parity = (self.steps % self.in_bufs.len() as u64) as usize;
-        self.steps += 1;
-        let (launches, nbytes) = self.writer.write(self.in_bufs[parity], plan)?;
-        self.launcher.upload(parity, nbytes)?;
-        let mut seconds = Vec::with_capacity(launches.len());
-        for launch in &launches {
-            if let Some(attention) = &launch.attention {
-                self.launcher.plan_attention(launch, attention, parity)?;
-            }
-            if let Some(wall) = self.launcher.run(parity, launch)? {
-                seconds.push((launch.stage.name(), wall));
-            }
+        let mut handle = self.begin(plan)?;
+        for index in 0..handle.launches.len() {
+            self.run(&mut handle, index)?;
         }
-        self.launcher.download(parity, self.reader.download_bytes(&launches))?;
-        Ok(StepHandle { shape: PlanShape::of(plan), launches, parity, seconds })
+        self.finish(&handle)?;
+        Ok(handle)
     }
 
     fn collect(&mut self, handle: StepHandle) -> Result<StepResult, String> {

@@ -3,7 +3,7 @@
 //! launches follow; how many bytes go up and come back; and the outputs read into a StepResult.
 
 use super::layout::{ArenaLayout, Field, HostBuf};
-use super::spec::{EngineSpec, Stage};
+use super::spec::{EngineSpec, Half, Stage, StageSpec};
 use crate::sched::plan::{CodecLaunch, LmLaunch, SlotInit, StepPlan, StepResult};
 use crate::sched::types::{Conditioning, NO_SLOT};
 
@@ -83,10 +83,12 @@ fn fields<const N: usize>(a: &ArenaLayout, names: [&str; N]) -> Result<[Field; N
 pub struct StepWriter {
     f: InFields,
     ends: Ends,
-    decode_buckets: super::spec::StageSpec,
-    codec_buckets: Vec<(Stage, super::spec::StageSpec)>,
-    prefill_buckets: super::spec::StageSpec,
-    prime_buckets: Option<super::spec::StageSpec>,
+    /// The LM stages' buckets (a disaggregated engine's codec half has none).
+    decode_buckets: Option<StageSpec>,
+    codec_buckets: Vec<(Stage, StageSpec)>,
+    prefill_buckets: Option<StageSpec>,
+    /// The codec_prime stage's buckets, where the program declares it and the engine runs it (not an LM half).
+    prime_buckets: Option<StageSpec>,
     max_batch: usize,
     max_codec_batch: usize,
     max_prefill_seqs: usize,
@@ -132,15 +134,15 @@ impl StepWriter {
         } else {
             None
         };
-        let (codec_prime, prime_buckets) = if a.has("codec_prime_codes") {
-            (Some((a.field("codec_prime_codes")?.clone(), a.field("codec_prime_len")?.clone())),
-             Some(spec.stage(Stage::CodecPrime)?.clone()))
+        let codec_prime = if a.has("codec_prime_codes") {
+            Some((a.field("codec_prime_codes")?.clone(), a.field("codec_prime_len")?.clone()))
         } else {
-            (None, None)
+            None
         };
+        let prime_buckets = if codec_prime.is_some() { optional_stage(spec, Stage::CodecPrime)? } else { None };
         let codec_prime_end = if codec_prime.is_some() { a.end_of("codec_prime_len")? } else { 0 };
         let last_prefill = if prefill_vec.is_some() { "prefill_vec" } else { "prefill_tok_slot" };
-        let prefill_spec = spec.stage(Stage::Prefill)?.clone();
+        let prefill_spec = optional_stage(spec, Stage::Prefill)?;
         let f = InFields {
             admit_slot: a.field("admit_slot")?.clone(),
             admit_sampling,
@@ -160,9 +162,9 @@ impl StepWriter {
             ends: Ends { pages: a.end_of("page_id")?, decode: a.end_of("decode_last_page_len")?, codec: codec_ends,
                          prefill: a.end_of(last_prefill)?, codec_prime: codec_prime_end },
             f,
-            decode_buckets: spec.stage(Stage::Decode)?.clone(),
+            decode_buckets: optional_stage(spec, Stage::Decode)?,
             codec_buckets,
-            captured_prefill: prefill_spec.captured_seqs.is_some(),
+            captured_prefill: matches!(&prefill_spec, Some(p) if p.captured_seqs.is_some()),
             prime_buckets,
             prefill_buckets: prefill_spec,
             max_batch: spec.limits.max_batch,
@@ -325,7 +327,7 @@ impl StepWriter {
         if n > self.max_batch || rows.num_tokens.iter().any(|&t| t != 1) {
             return Err("a decode launch has one token per row and at most max_batch rows".into());
         }
-        let bucket = self.decode_buckets.bucket(n)?;
+        let bucket = launched(&self.decode_buckets, Stage::Decode)?.bucket(n)?;
         let [slot, pos, ids, indptr, last] = &self.f.decode;
         h.put_i32(slot, &rows.slot, bucket, NO_SLOT_I);
         h.put_i32(pos, &rows.start, bucket, 0);
@@ -342,7 +344,7 @@ impl StepWriter {
         if n > self.max_prefill_seqs || t > self.max_prefill_tokens {
             return Err(format!("prefill of {n} seqs / {t} tokens exceeds the arena"));
         }
-        let bucket = self.prefill_buckets.bucket(t as usize)?;
+        let bucket = launched(&self.prefill_buckets, Stage::Prefill)?.bucket(t as usize)?;
         let seqs = if self.captured_prefill { self.max_prefill_seqs } else { n };
         let kv_len: Vec<i64> = (0..seqs).map(|i| if i < n { rows.kv_len(i) } else { 1 }).collect();
         let [slot, kv, sample, qo, indptr, last, ids, pos, tok_slot] = &self.f.prefill;
@@ -398,6 +400,21 @@ impl StepWriter {
     }
 }
 
+/// The buckets of `stage`, which a whole engine must have and a disaggregated half may not run
+/// (`core/stages.py` `EngineHalf.runs`).
+fn optional_stage(spec: &EngineSpec, stage: Stage) -> Result<Option<StageSpec>, String> {
+    match (spec.stages.get(&stage), spec.half) {
+        (Some(s), _) => Ok(Some(s.clone())),
+        (None, Half::Whole) => Err(format!("spec.stages has no {}", stage.name())),
+        (None, _) => Ok(None),
+    }
+}
+
+/// The buckets of a stage a plan launches; an error where this engine (a half) does not run it.
+fn launched(buckets: &Option<StageSpec>, stage: Stage) -> Result<&StageSpec, String> {
+    buckets.as_ref().ok_or_else(|| format!("a {} launch on an engine half that does not run it", stage.name()))
+}
+
 /// An admission's codec prefix, when it carries one of at least a frame.
 fn codec_prefix(a: &SlotInit) -> Option<&Conditioning> {
     a.conditioning.iter().find(|c| c.name == CODEC_PREFIX && c.rows > 0)
@@ -409,6 +426,8 @@ pub struct StepReader {
     decode_kind: Field,
     pcm: Vec<(Stage, Field, usize)>,
     samples_per_frame: usize,
+    /// False for a disaggregated engine's LM half: its codec stages hand windows over and make no PCM.
+    reads_pcm: bool,
 }
 
 impl StepReader {
@@ -420,7 +439,7 @@ impl StepReader {
             pcm.push((Stage::CodecFirst, o.field("codec_first_pcm")?.clone(), spec.limits.first_frames() as usize * spf));
         }
         Ok(StepReader { prefill_kind: o.field("prefill_kind")?.clone(), decode_kind: o.field("decode_kind")?.clone(),
-                        pcm, samples_per_frame: spf })
+                        pcm, samples_per_frame: spf, reads_pcm: spec.half != Half::Lm })
     }
 
     fn pcm_field(&self, stage: Stage) -> &(Stage, Field, usize) {
@@ -430,7 +449,7 @@ impl StepReader {
     /// Bytes of `step_out` to copy back: the out kinds come first, then each codec launch's rows.
     pub fn download_bytes(&self, launches: &[Launch]) -> usize {
         let mut end = self.pcm[0].1.offset;
-        for l in launches.iter().filter(|l| !l.rows.is_empty()) {
+        for l in launches.iter().filter(|l| self.reads_pcm && !l.rows.is_empty()) {
             let (_, field, samples) = self.pcm_field(l.stage);
             end = end.max(field.offset + l.rows.len() * samples * 2);
         }
@@ -440,7 +459,7 @@ impl StepReader {
     pub fn read(&self, h: HostBuf, shape: &PlanShape, launches: &[Launch]) -> StepResult {
         let kinds = |f: &Field, n: usize| (0..n).map(|i| h.get_i(f, i) as i32).collect::<Vec<_>>();
         let mut pcm = vec![Vec::new(); shape.num_frames.len()];
-        for l in launches.iter().filter(|l| !l.rows.is_empty()) {
+        for l in launches.iter().filter(|l| self.reads_pcm && !l.rows.is_empty()) {
             let (_, field, samples) = self.pcm_field(l.stage);
             for (i, &row) in l.rows.iter().enumerate() {
                 let n = shape.num_frames[row] as usize * self.samples_per_frame;

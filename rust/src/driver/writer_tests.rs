@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::json;
 
 use super::layout::{ArenaLayout, DType, Field, HostBuf};
-use super::spec::{EngineSpec, Stage, StageSpec};
+use super::spec::{EngineSpec, Half, Stage, StageSpec};
 use super::writer::{StepWriter, CODEC_PREFIX};
 use crate::sched::config::{EngineLimits, ProgramMeta};
 use crate::sched::plan::{SlotInit, StepPlan};
@@ -18,7 +18,7 @@ const FRAMES: usize = 3; // codec_prefix_frames
 const CODES: usize = 2; // codes_per_frame
 
 /// Fields laid out one after another, as the spec publishes them.
-fn arena(fields: &[(&str, Vec<usize>, DType)]) -> ArenaLayout {
+pub(crate) fn arena(fields: &[(&str, Vec<usize>, DType)]) -> ArenaLayout {
     let mut offset = 0;
     let mut out = HashMap::new();
     for (name, shape, dtype) in fields {
@@ -70,13 +70,13 @@ pub(crate) fn spec(primes: bool) -> EngineSpec {
     if primes {
         stages.insert(Stage::CodecPrime, stage(vec![1, 2, 4]));
     }
-    EngineSpec { engine_id: 0, device: "cpu".into(), meta: ProgramMeta::from_json(&meta).unwrap(),
+    EngineSpec { engine_id: 0, device: "cpu".into(), half: Half::Whole, handover: None, meta: ProgramMeta::from_json(&meta).unwrap(),
                  limits: EngineLimits::from_json(&limits).unwrap(), step_in: step_in(primes), step_out: arena(&[]),
                  stages, attention_backend: "torch".into(), planner: String::new(), page_size: 4,
                  geometry: Default::default(), planners: Default::default() }
 }
 
-fn admit(slot: usize, prefix: &[[i32; CODES]]) -> SlotInit {
+pub(crate) fn admit(slot: usize, prefix: &[[i32; CODES]]) -> SlotInit {
     let conditioning = if prefix.is_empty() { Vec::new() } else {
         vec![Conditioning { name: CODEC_PREFIX.into(), rows: prefix.len(),
                             values: prefix.iter().flatten().map(|&c| c as f32).collect() }]

@@ -12,12 +12,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use serde_json::Value;
 
-use crate::driver::{EngineSpec, EngineWorker};
+use crate::driver::EngineSpec;
 use crate::sched::engine_loop::{EngineLoop, Worker};
 use crate::sched::trace::Tracer;
 use crate::sched::{Clock, Request, Scheduler, SchedulerConfig};
 use crate::serve::bench::{self, Arrival, Outcome};
-use crate::serve::cuda_launcher::CudaLauncher;
+use crate::serve::engines::{planned_json, Engines, WithWorker};
 use crate::serve::py_launcher::{PyHandles, PyLauncher};
 use crate::serve::{prompts, requests};
 
@@ -132,6 +132,21 @@ impl Bench<'_> {
     }
 }
 
+/// Bench mode's phases on the engine loop of a worker.
+struct Phases<'a> {
+    bench: &'a Bench<'a>,
+    scheduler: Scheduler,
+    trace: Option<Tracer>,
+}
+
+impl WithWorker for Phases<'_> {
+    type Out = i32;
+
+    fn with<W: Worker + Send + 'static>(self, worker: W) -> PyResult<i32> {
+        self.bench.run_phases(EngineLoop::new(self.scheduler, worker, self.trace))
+    }
+}
+
 /// A request's outcome as vox_serve.bench_report.BenchOutcome.
 fn outcome_object(py: Python, outcome_type: &PyAny, o: &Outcome) -> PyResult<PyObject> {
     let kwargs = PyDict::new(py);
@@ -161,24 +176,17 @@ fn serve(py: Python, config_json: &str) -> PyResult<i32> {
     let host = py.import("vox_serve.rust_host")?;
     let spec_json: String = host.call_method1("build_engine_spec", (config_json,))?.extract()?;
     let spec_value: Value = serde_json::from_str(&spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
-    let spec = EngineSpec::from_json(&spec_value).map_err(value_err)?;
+    let engines = Engines::from_json(&spec_value).map_err(value_err)?;
+    let spec = &engines.planned;
     let use_rust = config.get("engine").and_then(|e| e.get("prompt_builder")).and_then(Value::as_str) != Some("python");
-    let builder_spec = spec_value.get("meta").and_then(|m| m.get("prompt_builder")).cloned().unwrap_or(Value::Null);
+    let builder_spec = planned_json(&spec_value).map_err(value_err)?.get("meta").and_then(|m| m.get("prompt_builder"))
+        .cloned().unwrap_or(Value::Null);
     let builder = if use_rust { prompts::builder_of(&builder_spec).map_err(value_err)? } else { None };
-    let bench = Bench { py, host, spec: &spec, config_json, builder: builder.as_ref(), builder_spec: &builder_spec };
+    let bench = Bench { py, host, spec, config_json, builder: builder.as_ref(), builder_spec: &builder_spec };
     let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched.clone(), Clock::Monotonic);
     let trace = tracer(&sched)?;
-    if spec.on_cuda() {
-        let stream: u64 = host.call_method1("launch_stream", (spec.device.as_str(),))?.extract()?;
-        let handles = PyHandles::new(py, host, &spec, Some(stream))?;
-        let launcher = CudaLauncher::new(&spec, stream, handles, trace.is_some()).map_err(value_err)?;
-        let worker = EngineWorker::new(&spec, launcher).map_err(value_err)?;
-        bench.run_phases(EngineLoop::new(scheduler, worker, trace))
-    } else {
-        let launcher = PyLauncher { handles: PyHandles::new(py, host, &spec, None)? };
-        let worker = EngineWorker::new(&spec, launcher).map_err(value_err)?;
-        bench.run_phases(EngineLoop::new(scheduler, worker, trace))
-    }
+    let time_stages = trace.is_some();
+    engines.build(py, host, time_stages, Phases { bench: &bench, scheduler, trace })
 }
 
 /// benchmark/host_cost.py `--runtime rust`: (seconds per step, decode rows, codec rows) of the Rust
@@ -215,28 +223,44 @@ fn simulate(py: Python, scenario_json: &str) -> PyResult<String> {
     Ok(out.to_string())
 }
 
+/// Requests queued at once on the engine loop of a worker, run until they have all ended.
+struct Drain<'py> {
+    py: Python<'py>,
+    scheduler: Scheduler,
+    arrivals: Vec<Arrival>,
+}
+
+impl WithWorker for Drain<'_> {
+    type Out = Vec<Outcome>;
+
+    fn with<W: Worker + Send + 'static>(self, worker: W) -> PyResult<Vec<Outcome>> {
+        let (_, outcomes, _) = run_on_thread(self.py, EngineLoop::new(self.scheduler, worker, None), self.arrivals)?;
+        Ok(outcomes)
+    }
+}
+
 /// Requests (rust_host.py `_request_data` items, JSON) through the Rust scheduler and driver on a
-/// built engine's spec, on a scheduler thread; per request (req_id, finish reason, error, tokens
-/// generated, PCM). For tests that drive a program loaded by the test itself.
+/// built engine's spec (one engine, or a disaggregated engine's pair of halves), on a scheduler
+/// thread; per request (req_id, finish reason, error, tokens generated, PCM). For tests that drive a
+/// program loaded by the test itself.
 #[pyfunction]
 #[allow(clippy::type_complexity)]
 fn run_requests(py: Python, spec_json: &str, scheduler_json: &str, requests_json: &str)
                 -> PyResult<Vec<(String, Option<String>, Option<String>, i64, PyObject)>> {
     let spec_value: Value = serde_json::from_str(spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
-    let spec = EngineSpec::from_json(&spec_value).map_err(value_err)?;
+    let engines = Engines::from_json(&spec_value).map_err(value_err)?;
     let sched_value: Value = serde_json::from_str(scheduler_json).map_err(|e| value_err(format!("scheduler: {e}")))?;
     let sched = SchedulerConfig::from_json(&sched_value).map_err(value_err)?;
     let reqs = parse_list(requests_json)?.iter().map(requests::request).collect::<Result<Vec<_>, _>>()
         .map_err(value_err)?;
+    let spec = &engines.planned;
     if spec.on_cuda() {
         return Err(value_err("run_requests drives CPU engines".into()));
     }
     let host = py.import("vox_serve.rust_host")?;
-    let launcher = PyLauncher { handles: PyHandles::new(py, host, &spec, None)? };
-    let worker = EngineWorker::new(&spec, launcher).map_err(value_err)?;
     let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched, Clock::Monotonic);
     let arrivals = reqs.into_iter().map(|req| Arrival { req, offset: 0.0 }).collect();
-    let (_, outcomes, _) = run_on_thread(py, EngineLoop::new(scheduler, worker, None), arrivals)?;
+    let outcomes = engines.build(py, host, false, Drain { py, scheduler, arrivals })?;
     Ok(outcomes.into_iter().map(|o| {
         let pcm = PyBytes::new(py, &o.pcm).into_py(py);
         (o.req.req_id, o.req.finish_reason, o.req.error, o.req.counters.num_generated, pcm)

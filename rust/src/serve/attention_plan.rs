@@ -321,7 +321,7 @@ mod tests {
     #[test]
     fn a_decode_launch_copies_its_offsets_and_the_planned_workspace() {
         let (s, mut memory) = (flashinfer_spec(), Vec::new());
-        let mut p = planner_of(&s, &mut memory).unwrap();
+        let p = planner_of(&s, &mut memory).unwrap();
         let mut step = vec![0u8; s.step_in.nbytes];
         let h = HostBuf { base: step.as_mut_ptr() };
         let (indptr, last): ([i32; 5], [i32; 4]) = ([0, 3, 4, 9, 10], [2, 4, 1, 1]);
@@ -352,7 +352,7 @@ mod tests {
     #[test]
     fn a_launch_without_its_captured_wrapper_is_an_error() {
         let (s, mut memory) = (flashinfer_spec(), Vec::new());
-        let mut p = planner_of(&s, &mut memory).unwrap();
+        let p = planner_of(&s, &mut memory).unwrap();
         let mut step = vec![0u8; s.step_in.nbytes];
         let attention = AttentionPlan { num_seqs: 3, qo_lens: vec![1; 3], kv_lens: vec![1; 3], num_rows: 3,
                                         graph_tokens: None, decode: true };

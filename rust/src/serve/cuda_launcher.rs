@@ -11,7 +11,7 @@ use super::attention_plan::{regions_needed, HostRegions, LaunchPlanner};
 use super::py_launcher::PyHandles;
 use crate::cuda::{self, CudaError, Event, PinnedHost};
 use crate::driver::layout::HostBuf;
-use crate::driver::{AttentionPlan, EngineSpec, Launch, LaunchHandle, Launcher, Stage};
+use crate::driver::{AttentionPlan, EngineSpec, Half, Launch, LaunchHandle, Launcher, Stage};
 use crate::planner::PlannerDevice;
 
 fn err(e: CudaError) -> String {
@@ -46,7 +46,7 @@ pub enum GraphPlanning {
 
 impl GraphPlanning {
     fn of(spec: &EngineSpec, device: i32) -> GraphPlanning {
-        if spec.attention_backend == "torch" {
+        if spec.attention_backend == "torch" || spec.half == Half::Codec {  // a codec half launches no LM stage
             return GraphPlanning::Unplanned;
         }
         let rust = || -> Result<GraphPlanning, String> {

@@ -5,7 +5,9 @@
 pub mod attention_plan;
 pub mod bench;
 pub mod cuda_launcher;
+pub mod engines;
 pub mod host_cost;
+pub mod peer_copy;
 pub mod prompts;
 pub mod py_launcher;
 pub mod requests;

@@ -1,0 +1,205 @@
+//! The worker of a disaggregated engine (vox_serve/worker/disagg_worker.py): two engine workers, one
+//! per half (engine/disagg.py), and the hand-over between them.
+//!
+//! A step plan is split (`split_plan`): the LM half gets the admissions (without codec prefixes), the
+//! page updates, the codec rows (whose windows it gathers) and the LM rows; the codec half gets the
+//! admissions (with their prefixes) and the codec rows. Launch order, per step:
+//!
+//! ```text
+//! LM stream:    upload, prologue, [wait: the last hand-over copy done], gathers, record `gathered`,
+//!               ..., prefill, decode, download
+//! codec stream: upload, prologue, codec_prime, [wait `gathered`], copy the hand-over arena LM -> codec,
+//!               record `copied`, codec_first, codec, download
+//! ```
+//!
+//! The codec half is queued before the LM half's prefill and decode, so on two GPUs the codec's work
+//! of a step overlaps the LM's. How the bytes cross is a `HandoverCopy`: a peer copy between the
+//! streams on CUDA (`serve/peer_copy.rs`), a copy between the two arenas' memory on a CPU
+//! (`HostCopy`). The result joins the LM half's out kinds with the codec half's PCM.
+
+use std::borrow::Cow;
+
+use super::spec::{EngineSpec, Half, Stage};
+use super::worker::{EngineWorker, Launcher, StepHandle};
+use super::writer::{Launch, CODEC_PREFIX};
+use crate::sched::engine_loop::Worker;
+use crate::sched::plan::{LmLaunch, SlotInit, StepPlan, StepResult};
+
+/// (the LM half's plan, the codec half's plan) of one step. The LM half's is the plan itself unless an
+/// admission carries a codec prefix, which only the codec half reads.
+pub fn split_plan(plan: &StepPlan) -> (Cow<'_, StepPlan>, StepPlan) {
+    let codec = StepPlan { step_id: plan.step_id, admits: plan.admits.clone(), codec: plan.codec.clone(),
+                           prefill: LmLaunch::empty(plan.prefill.columns), decode: LmLaunch::empty(plan.decode.columns),
+                           ..StepPlan::default() };
+    if !plan.admits.iter().any(|a| a.conditioning.iter().any(|c| c.name == CODEC_PREFIX)) {
+        return (Cow::Borrowed(plan), codec);
+    }
+    let without_prefix = |a: &SlotInit| SlotInit {
+        conditioning: a.conditioning.iter().filter(|c| c.name != CODEC_PREFIX).cloned().collect(),
+        ..a.clone()
+    };
+    let lm = StepPlan { admits: plan.admits.iter().map(without_prefix).collect(), ..plan.clone() };
+    (Cow::Owned(lm), codec)
+}
+
+/// How the hand-over bytes go from the LM half's arena to the codec half's.
+pub trait HandoverCopy {
+    /// Before the step's gathers (LM stream): the previous step's copy must have read the LM arena.
+    fn before_gather(&mut self) -> Result<(), String>;
+    /// After the gathers (LM stream).
+    fn gathered(&mut self) -> Result<(), String>;
+    /// The first `nbytes` of `src` (the LM half's arena) to `dst` (the codec half's), after the gathers.
+    fn copy(&mut self, dst: u64, src: u64, nbytes: usize) -> Result<(), String>;
+}
+
+/// Both halves on the host: the stages have run when their calls return, so the copy is a memcpy.
+pub struct HostCopy;
+
+impl HandoverCopy for HostCopy {
+    fn before_gather(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn gathered(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn copy(&mut self, dst: u64, src: u64, nbytes: usize) -> Result<(), String> {
+        // SAFETY: both are host arenas of at least `nbytes` (`Handover::new` checks the layouts), kept
+        // alive by the engine registry, and distinct buffers (two engines' arenas).
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, nbytes) };
+        Ok(())
+    }
+}
+
+/// The two halves' hand-over arenas (the same layout on both devices) and, per codec stage, the end
+/// of its last field: a step copies the bytes up to the last one its codec launches use.
+pub struct Handover {
+    src: u64,
+    dst: u64,
+    ends: Vec<(Stage, usize)>,
+}
+
+impl Handover {
+    pub fn new(lm: &EngineSpec, codec: &EngineSpec) -> Result<Handover, String> {
+        let (src, dst) = match (&lm.handover, &codec.handover) {
+            (Some(src), Some(dst)) if src.fields == dst.fields && src.nbytes == dst.nbytes => (src, dst),
+            _ => return Err("the two halves' hand-over arenas differ; the engine was not split by \
+                             engine/disagg.py".into()),
+        };
+        let mut ends: Vec<(Stage, usize)> = Vec::new();
+        for (name, field) in &src.fields {
+            let prefix = name.rsplit_once('_').map_or(name.as_str(), |(p, _)| p);
+            let stage = Stage::parse(prefix).map_err(|e| format!("spec.handover field {name}: {e}"))?;
+            match ends.iter_mut().find(|(s, _)| *s == stage) {
+                Some(entry) => entry.1 = entry.1.max(field.end()),
+                None => ends.push((stage, field.end())),
+            }
+        }
+        Ok(Handover { src: src.device_ptr, dst: dst.device_ptr, ends })
+    }
+
+    /// Bytes the step's codec launches hand over (0: the step has none).
+    fn nbytes(&self, launches: &[Launch]) -> usize {
+        launches.iter().filter(|l| l.stage.decodes_windows())
+            .filter_map(|l| self.ends.iter().find(|(s, _)| *s == l.stage).map(|&(_, end)| end)).max().unwrap_or(0)
+    }
+}
+
+pub struct DisaggregatedHandle {
+    step_id: i64,
+    lm: StepHandle,
+    codec: StepHandle,
+}
+
+pub struct DisaggregatedWorker<L: Launcher, X: HandoverCopy> {
+    pub lm: EngineWorker<L>,
+    pub codec: EngineWorker<L>,
+    handover: Handover,
+    copier: X,
+}
+
+fn check_half(spec: &EngineSpec, half: Half) -> Result<(), String> {
+    if spec.half != half {
+        return Err(format!("expected the spec of a disaggregated engine's {} half, got the {} half's",
+                           half.name(), spec.half.name()));
+    }
+    Ok(())
+}
+
+impl<L: Launcher, X: HandoverCopy> DisaggregatedWorker<L, X> {
+    /// The worker over the halves' specs and their launchers.
+    pub fn new(lm: (&EngineSpec, L), codec: (&EngineSpec, L), copier: X) -> Result<DisaggregatedWorker<L, X>, String> {
+        check_half(lm.0, Half::Lm)?;
+        check_half(codec.0, Half::Codec)?;
+        Ok(DisaggregatedWorker { handover: Handover::new(lm.0, codec.0)?, lm: EngineWorker::new(lm.0, lm.1)?,
+                                 codec: EngineWorker::new(codec.0, codec.1)?, copier })
+    }
+
+    /// The codec half's step, its hand-over copy before its first window launch.
+    fn codec_step(&mut self, plan: &StepPlan, nbytes: usize) -> Result<StepHandle, String> {
+        let mut codec = self.codec.begin(plan)?;
+        let mut pending = nbytes;
+        for index in 0..codec.launches.len() {
+            if codec.launches[index].stage.decodes_windows() && pending > 0 {
+                self.copier.copy(self.handover.dst, self.handover.src, pending)?;
+                pending = 0;
+            }
+            self.codec.run(&mut codec, index)?;
+        }
+        self.codec.finish(&codec)?;
+        Ok(codec)
+    }
+}
+
+/// The step's stage times: the LM half's gathers as `handover`, the codec half's prologue as
+/// `codec_prologue` (a stage named twice keeps its first place and its last time, as a Python dict).
+fn joined_seconds(lm: Vec<(&'static str, f64)>, codec: Vec<(&'static str, f64)>) -> Vec<(&'static str, f64)> {
+    let lm = lm.into_iter().map(|(s, t)| (if s == "codec" || s == "codec_first" { "handover" } else { s }, t));
+    let codec = codec.into_iter().map(|(s, t)| (if s == "prologue" { "codec_prologue" } else { s }, t));
+    let mut out: Vec<(&'static str, f64)> = Vec::new();
+    for (name, seconds) in lm.chain(codec) {
+        match out.iter_mut().find(|(n, _)| *n == name) {
+            Some(entry) => entry.1 = seconds,
+            None => out.push((name, seconds)),
+        }
+    }
+    out
+}
+
+impl<L: Launcher, X: HandoverCopy> Worker for DisaggregatedWorker<L, X> {
+    type Handle = DisaggregatedHandle;
+
+    fn timer(&self) -> &'static str {
+        self.lm.timer()
+    }
+
+    fn launch(&mut self, plan: &StepPlan) -> Result<DisaggregatedHandle, String> {
+        let (lm_plan, codec_plan) = split_plan(plan);
+        let mut lm = self.lm.begin(&lm_plan)?;
+        // the prologue and the gathers come first
+        let num_head = lm.launches.iter().position(|l| matches!(l.stage, Stage::Prefill | Stage::Decode))
+            .unwrap_or(lm.launches.len());
+        let nbytes = self.handover.nbytes(&lm.launches);
+        if nbytes > 0 {
+            self.copier.before_gather()?;
+        }
+        for index in 0..num_head {
+            self.lm.run(&mut lm, index)?;
+        }
+        self.copier.gathered()?;
+        let codec = self.codec_step(&codec_plan, nbytes)?;
+        for index in num_head..lm.launches.len() {
+            self.lm.run(&mut lm, index)?;
+        }
+        self.lm.finish(&lm)?;
+        Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec })
+    }
+
+    fn collect(&mut self, handle: DisaggregatedHandle) -> Result<StepResult, String> {
+        let lm = self.lm.collect(handle.lm)?;
+        let codec = self.codec.collect(handle.codec)?;
+        Ok(StepResult { step_id: handle.step_id, prefill_kind: lm.prefill_kind, decode_kind: lm.decode_kind,
+                        pcm: codec.pcm, stage_seconds: joined_seconds(lm.stage_seconds, codec.stage_seconds) })
+    }
+}

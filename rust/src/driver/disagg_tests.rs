@@ -1,0 +1,179 @@
+//! The disaggregated worker on hand-made half specs (`writer_tests::spec`) with launchers and a copier
+//! that record what they are asked: the plan's split, the launch order of worker/disagg_worker.py, the
+//! hand-over's size and the joined result.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use super::disagg::{split_plan, DisaggregatedWorker, HandoverCopy};
+use super::layout::{ArenaLayout, DType};
+use super::spec::{EngineSpec, Half, Stage};
+use super::worker::Launcher;
+use super::writer::{AttentionPlan, Launch, CODEC_PREFIX};
+use super::writer_tests::{admit, arena, spec};
+use crate::sched::engine_loop::Worker;
+use crate::sched::plan::{CodecLaunch, LmLaunch, StepPlan};
+use crate::sched::types::ReqKey;
+
+type Log = Rc<RefCell<Vec<String>>>;
+
+struct Recorder {
+    half: &'static str,
+    log: Log,
+}
+
+impl Launcher for Recorder {
+    fn timer(&self) -> &'static str {
+        "wall"
+    }
+
+    fn upload(&mut self, _parity: usize, _nbytes: usize) -> Result<(), String> {
+        self.log.borrow_mut().push(format!("{} upload", self.half));
+        Ok(())
+    }
+
+    fn plan_attention(&mut self, _launch: &Launch, _plan: &AttentionPlan, _parity: usize) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn run(&mut self, _parity: usize, launch: &Launch) -> Result<Option<f64>, String> {
+        self.log.borrow_mut().push(format!("{} {}", self.half, launch.stage.name()));
+        Ok(Some(if self.half == "lm" { 1.0 } else { 2.0 }))
+    }
+
+    fn download(&mut self, _parity: usize, _nbytes: usize) -> Result<(), String> {
+        self.log.borrow_mut().push(format!("{} download", self.half));
+        Ok(())
+    }
+
+    fn wait(&mut self, _parity: usize, _launches: &[Launch]) -> Result<Vec<(&'static str, f64)>, String> {
+        Ok(Vec::new())
+    }
+}
+
+struct CopyRecorder(Log);
+
+impl HandoverCopy for CopyRecorder {
+    fn before_gather(&mut self) -> Result<(), String> {
+        self.0.borrow_mut().push("wait copied".into());
+        Ok(())
+    }
+
+    fn gathered(&mut self) -> Result<(), String> {
+        self.0.borrow_mut().push("record gathered".into());
+        Ok(())
+    }
+
+    fn copy(&mut self, _dst: u64, _src: u64, nbytes: usize) -> Result<(), String> {
+        self.0.borrow_mut().push(format!("copy {nbytes}"));
+        Ok(())
+    }
+}
+
+/// Host memory behind an arena's addresses (u64 words keep every field aligned).
+fn backed(mut a: ArenaLayout, memory: &mut Vec<Vec<u64>>) -> ArenaLayout {
+    let mut words = vec![0u64; (a.nbytes + 7) / 8];
+    let ptr = words.as_mut_ptr() as u64;
+    memory.push(words);
+    a.device_ptr = ptr;
+    a.host_ptrs = vec![ptr];
+    a
+}
+
+const HANDOVER_BYTES: usize = 4 * 2 * 2 * 4; // codec_codes [max_codec_batch, window, codes_per_frame] int32
+
+/// One half of the hand-made spec (`writer_tests::spec`, which primes codec slots), its arenas backed.
+fn half(half: Half, memory: &mut Vec<Vec<u64>>) -> EngineSpec {
+    let mut s = spec(true);
+    s.half = half;
+    if half == Half::Lm {
+        s.stages.remove(&Stage::CodecPrime);
+    } else {
+        s.stages.remove(&Stage::Prefill);
+        s.stages.remove(&Stage::Decode);
+    }
+    s.step_in = backed(s.step_in, memory);
+    let out = arena(&[("prefill_kind", vec![4], DType::I32), ("decode_kind", vec![4], DType::I32),
+                      ("codec_pcm", vec![4, 8], DType::I16)]);
+    s.step_out = backed(out, memory);
+    s.handover = Some(backed(arena(&[("codec_codes", vec![4, 2, 2], DType::I32)]), memory));
+    s
+}
+
+fn rows(slots: &[i32]) -> LmLaunch {
+    LmLaunch { keys: vec![ReqKey { index: 0, generation: 0 }; slots.len()], slot: slots.to_vec(),
+               start: vec![3; slots.len()], num_tokens: vec![1; slots.len()], sample: vec![true; slots.len()],
+               input_ids: vec![7; slots.len()], columns: 1, ..LmLaunch::default() }
+}
+
+/// A step that admits slot 6 with a codec prefix, decodes one chunk of slot 1 and one token of slot 2.
+fn step() -> StepPlan {
+    let codec = CodecLaunch { keys: vec![ReqKey { index: 1, generation: 0 }], slot: vec![1], chunk_index: vec![1],
+                              first_frame: vec![0], window_end: vec![2], num_frames: vec![2], is_last: vec![false] };
+    StepPlan { step_id: 9, admits: vec![admit(6, &[[1, 2]])], codec, decode: rows(&[2]), ..StepPlan::default() }
+}
+
+fn worker(log: &Log, memory: &mut Vec<Vec<u64>>) -> DisaggregatedWorker<Recorder, CopyRecorder> {
+    let (lm, codec) = (half(Half::Lm, memory), half(Half::Codec, memory));
+    DisaggregatedWorker::new((&lm, Recorder { half: "lm", log: log.clone() }),
+                             (&codec, Recorder { half: "codec", log: log.clone() }), CopyRecorder(log.clone()))
+        .unwrap()
+}
+
+#[test]
+fn split_plan_gives_the_codec_prefix_to_the_codec_half_only() {
+    let plan = step();
+    let (lm, codec) = split_plan(&plan);
+    assert_eq!((lm.step_id, codec.step_id), (9, 9));
+    assert!(lm.admits[0].conditioning.iter().all(|c| c.name != CODEC_PREFIX));
+    assert_eq!(lm.decode, plan.decode);
+    assert_eq!(lm.codec, plan.codec);
+    assert_eq!(codec.admits, plan.admits);
+    assert_eq!(codec.codec, plan.codec);
+    assert!(codec.decode.is_empty() && codec.prefill.is_empty() && codec.pages.is_empty());
+    let unprimed = StepPlan { admits: vec![admit(3, &[])], ..step() };
+    assert!(matches!(split_plan(&unprimed).0, std::borrow::Cow::Borrowed(_))); // no copy of the LM rows
+}
+
+#[test]
+fn the_codec_half_is_queued_between_the_gathers_and_the_lm_rows() {
+    let (log, mut memory) = (Log::default(), Vec::new());
+    let mut w = worker(&log, &mut memory);
+    let handle = w.launch(&step()).unwrap();
+    let want = ["lm upload", "wait copied", "lm prologue", "lm codec", "record gathered",
+                "codec upload", "codec prologue", "codec codec_prime", &format!("copy {HANDOVER_BYTES}"), "codec codec",
+                "codec download", "lm decode", "lm download"];
+    assert_eq!(*log.borrow(), want);
+    let result = w.collect(handle).unwrap();
+    assert_eq!(result.step_id, 9);
+    assert_eq!(result.decode_kind.len(), 1);
+    assert_eq!(result.pcm.len(), 1);
+    // the LM half's gather is the hand-over, the codec half's prologue its own
+    let seconds: HashMap<&str, f64> = result.stage_seconds.iter().copied().collect();
+    assert_eq!(result.stage_seconds.iter().map(|s| s.0).collect::<Vec<_>>(),
+               ["prologue", "handover", "decode", "codec_prologue", "codec_prime", "codec"]);
+    assert_eq!((seconds["handover"], seconds["codec"]), (1.0, 2.0));
+}
+
+#[test]
+fn a_step_without_codec_rows_copies_nothing() {
+    let (log, mut memory) = (Log::default(), Vec::new());
+    let mut w = worker(&log, &mut memory);
+    let plan = StepPlan { step_id: 1, decode: rows(&[2, 3]), ..StepPlan::default() };
+    w.launch(&plan).unwrap();
+    assert_eq!(*log.borrow(), ["lm upload", "record gathered", "codec upload", "codec download", "lm decode",
+                               "lm download"]);
+}
+
+#[test]
+fn halves_of_other_layouts_or_the_wrong_half_are_refused() {
+    let (log, mut memory) = (Log::default(), Vec::new());
+    let (lm, mut codec) = (half(Half::Lm, &mut memory), half(Half::Codec, &mut memory));
+    let rec = |half| Recorder { half, log: log.clone() };
+    let swapped = DisaggregatedWorker::new((&codec, rec("lm")), (&lm, rec("codec")), CopyRecorder(log.clone()));
+    assert!(swapped.err().unwrap().contains("expected the spec of a disaggregated engine's lm half, got the codec"));
+    codec.handover = Some(backed(arena(&[("codec_codes", vec![4, 3, 2], DType::I32)]), &mut memory));
+    let differ = DisaggregatedWorker::new((&lm, rec("lm")), (&codec, rec("codec")), CopyRecorder(log.clone()));
+    assert!(differ.err().unwrap().contains("hand-over arenas differ"));
+}

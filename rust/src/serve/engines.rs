@@ -1,0 +1,93 @@
+//! The engine a config built, as its spec gives it (vox_serve/rust_host.py `build_engine_spec`): one
+//! engine, or with `--enable-disaggregation` the pair of a disaggregated engine's halves
+//! (`{"disaggregated": true, "lm": spec, "codec": spec}`, engine/disagg.py). `Engines::build` makes the
+//! worker that drives it (CPU callables or CUDA graphs; one engine or two with the hand-over between
+//! them) and hands it to what runs it.
+
+use pyo3::prelude::*;
+use serde_json::Value;
+
+use super::cuda_launcher::CudaLauncher;
+use super::peer_copy::PeerCopy;
+use super::py_launcher::{PyHandles, PyLauncher};
+use crate::driver::{DisaggregatedWorker, EngineSpec, EngineWorker, Half, HostCopy};
+use crate::sched::config::get;
+use crate::sched::engine_loop::Worker;
+
+/// What runs a worker, whichever kind `Engines::build` made.
+pub trait WithWorker {
+    type Out;
+    fn with<W: Worker + Send + 'static>(self, worker: W) -> PyResult<Self::Out>;
+}
+
+pub struct Engines {
+    /// The engine the scheduler plans for: the whole engine, or the LM half (its meta and limits).
+    pub planned: EngineSpec,
+    /// A disaggregated engine's codec half.
+    pub codec: Option<EngineSpec>,
+}
+
+fn is_disaggregated(spec: &Value) -> bool {
+    spec.get("disaggregated").and_then(Value::as_bool) == Some(true)
+}
+
+/// The JSON of the engine the scheduler plans for (its meta, the prompt builder's inputs).
+pub fn planned_json(spec: &Value) -> Result<&Value, String> {
+    if is_disaggregated(spec) { get(spec, "spec.", "lm") } else { Ok(spec) }
+}
+
+impl Engines {
+    pub fn from_json(spec: &Value) -> Result<Engines, String> {
+        let planned = EngineSpec::from_json(planned_json(spec)?)?;
+        if !is_disaggregated(spec) {
+            if planned.half != Half::Whole {
+                return Err(format!("spec: the {} half of a disaggregated engine without its other half",
+                                   planned.half.name()));
+            }
+            return Ok(Engines { planned, codec: None });
+        }
+        let codec = EngineSpec::from_json(get(spec, "spec.", "codec")?)?;
+        if planned.on_cuda() != codec.on_cuda() {
+            return Err(format!("spec: the LM half on {} and the codec half on {}: both on GPUs or both on the CPU",
+                               planned.device, codec.device));
+        }
+        Ok(Engines { planned, codec: Some(codec) })
+    }
+
+    /// Build the worker (`time_stages`: CUDA events around every launch) and run it with `user`.
+    pub fn build<U: WithWorker>(&self, py: Python, host: &PyModule, time_stages: bool, user: U) -> PyResult<U::Out> {
+        let value_err = pyo3::exceptions::PyValueError::new_err;
+        let lm = &self.planned;
+        match (&self.codec, lm.on_cuda()) {
+            (None, false) => user.with(EngineWorker::new(lm, cpu_launcher(py, host, lm)?).map_err(value_err)?),
+            (None, true) => {
+                let (launcher, _) = cuda_launcher(py, host, lm, time_stages)?;
+                user.with(EngineWorker::new(lm, launcher).map_err(value_err)?)
+            }
+            (Some(codec), false) => {
+                let halves = ((lm, cpu_launcher(py, host, lm)?), (codec, cpu_launcher(py, host, codec)?));
+                user.with(DisaggregatedWorker::new(halves.0, halves.1, HostCopy).map_err(value_err)?)
+            }
+            (Some(codec), true) => {
+                let (lm_launcher, lm_stream) = cuda_launcher(py, host, lm, time_stages)?;
+                let (codec_launcher, codec_stream) = cuda_launcher(py, host, codec, time_stages)?;
+                let devices = (lm.cuda_ordinal().map_err(value_err)?, codec.cuda_ordinal().map_err(value_err)?);
+                let copier = PeerCopy::new(devices.0, lm_stream, devices.1, codec_stream).map_err(value_err)?;
+                let worker = DisaggregatedWorker::new((lm, lm_launcher), (codec, codec_launcher), copier);
+                user.with(worker.map_err(value_err)?)
+            }
+        }
+    }
+}
+
+fn cpu_launcher(py: Python, host: &PyModule, spec: &EngineSpec) -> PyResult<PyLauncher> {
+    Ok(PyLauncher { handles: PyHandles::new(py, host, spec, None)? })
+}
+
+/// A launcher on a new stream of the spec's device, and that stream.
+fn cuda_launcher(py: Python, host: &PyModule, spec: &EngineSpec, time_stages: bool) -> PyResult<(CudaLauncher, u64)> {
+    let stream: u64 = host.call_method1("launch_stream", (spec.device.as_str(),))?.extract()?;
+    let handles = PyHandles::new(py, host, spec, Some(stream))?;
+    let launcher = CudaLauncher::new(spec, stream, handles, time_stages).map_err(pyo3::exceptions::PyValueError::new_err)?;
+    Ok((launcher, stream))
+}
