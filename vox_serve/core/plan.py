@@ -8,7 +8,7 @@ and consumed without a Python loop over rows. `docs/engine-contract.md` states e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,15 +25,14 @@ def _i32(values: object) -> np.ndarray:
 _NONE_I32, _NONE_BOOL = _i32([]), np.zeros(0, dtype=np.bool_)  # shared by empty launches (no entries to change)
 
 
-_SHARED: dict[tuple[Callable[..., np.ndarray], type], np.ndarray] = {}
+_SHARED: dict[object, np.ndarray] = {}
 
 
-def _shared(make: Callable[..., np.ndarray], n: int, dtype: type) -> np.ndarray:
-    """make(n, dtype=dtype), read-only and shared: a slice of one array per (make, dtype), grown by doubling."""
-    key = (make, dtype)
+def _shared(key: object, n: int, make: Callable[[int], np.ndarray]) -> np.ndarray:
+    """The first n rows of make(size), read-only and shared: one array per key, grown by doubling."""
     kept = _SHARED.get(key)
     if kept is None or len(kept) < n:
-        kept = make(max(n, 2 * (0 if kept is None else len(kept)), 64), dtype=dtype)
+        kept = make(max(n, 2 * (0 if kept is None else len(kept)), 64))
         kept.flags.writeable = False
         _SHARED[key] = kept
     return kept[:n]
@@ -41,12 +40,17 @@ def _shared(make: Callable[..., np.ndarray], n: int, dtype: type) -> np.ndarray:
 
 def ones(n: int, dtype: type = np.int32) -> np.ndarray:
     """n ones, read-only and shared (a decode launch's token counts and sample flags, its plan's query lengths)."""
-    return _shared(np.ones, n, dtype)
+    return _shared(("ones", dtype), n, lambda size: np.ones(size, dtype=dtype))
 
 
 def arange(n: int) -> np.ndarray:
     """0 .. n-1 (int64), read-only and shared (the rows of a launch that takes every row of the plan in order)."""
-    return _shared(np.arange, n, np.int64)
+    return _shared("arange", n, np.arange)
+
+
+def absent_ids(n: int, columns: int) -> np.ndarray:
+    """[n, columns] of ABSENT_ID (int32), read-only and shared: the input ids of decode rows."""
+    return _shared(("absent", columns), n, lambda size: np.full((size, columns), ABSENT_ID, dtype=np.int32))
 
 
 @dataclass
@@ -126,7 +130,7 @@ class LmLaunch:
     prefill). `vector_token` / `vectors`: prompt vectors added to those tokens' input embeddings.
     """
 
-    req_ids: list[str]
+    req_ids: Sequence[str]  # a list, or the slot table's object array of the rows' ids (decode launches)
     slot: np.ndarray
     start: np.ndarray
     num_tokens: np.ndarray

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vox_serve.core.meta import ProgramMeta
-from vox_serve.core.plan import ABSENT_ID, CodecLaunch, LmLaunch, SlotInit, ones
+from vox_serve.core.plan import ABSENT_ID, CodecLaunch, LmLaunch, SlotInit, absent_ids, ones
 from vox_serve.core.request import Request
 from vox_serve.core.slot_table import NEVER, SlotTable
 from vox_serve.scheduler.text_input import text_ids
@@ -87,14 +87,15 @@ def input_ids(meta: ProgramMeta, req: Request, start: int, n: int) -> np.ndarray
 def decode_launch(meta: ProgramMeta, table: SlotTable, slots: np.ndarray, starts: np.ndarray) -> LmLaunch:
     """One token per row: the position `starts[i]` of each request (its last sampled token's)."""
     n = len(slots)
-    ids = np.full((n, meta.input_columns), ABSENT_ID, dtype=np.int32)
+    ids = absent_ids(n, meta.input_columns)  # read-only: copied where a streamed text column is written
     column = meta.streamed_text_column
     streaming = table.text_limit[slots] < NEVER if column is not None and table.num_text_fed else None
     if streaming is not None and streaming.any():
+        ids = ids.copy()
         streamed = streaming.nonzero()[0]
         for i, req in zip(streamed.tolist(), table.requests[slots[streamed]], strict=True):
             ids[i, column] = text_ids(req, int(starts[i]) - req.prompt_len, 1)[0]
-    return LmLaunch(req_ids=table.req_ids[slots].tolist(), slot=slots.astype(np.int32), start=starts.astype(np.int32),
+    return LmLaunch(req_ids=table.req_ids[slots], slot=slots.astype(np.int32), start=starts.astype(np.int32),
                     num_tokens=ones(n), sample=ones(n, np.bool_), input_ids=ids)
 
 
