@@ -59,8 +59,12 @@ class Recorder:
     voice: bytes | None = None
     failures: list[str] = field(default_factory=list)
 
-    def __call__(self, msg: Any) -> None:
+    def __call__(self, sent: Any) -> None:
         now = time.perf_counter()
+        for msg in ipc.request_events(sent):  # a step's chunks come as one AudioBatch
+            self._record(msg, now)
+
+    def _record(self, msg: Any, now: float) -> None:
         if isinstance(msg, ipc.Audio):
             self.chunks.setdefault(msg.req_id, []).append(now)
         elif isinstance(msg, ipc.Started):
