@@ -5,6 +5,8 @@ One message is one ZMQ multipart message:
     frame 0     msgpack map {"v": PROTOCOL_VERSION, "t": <message type>, "f": {<other fields>}}
     frame 1..   one raw frame per binary field (PCM audio, uploaded audio), in field order
 
+A replica sends the audio of a step as one AudioBatch (every chunk of the step, for any requests, in one
+frame), which `request_events` splits into per-request Audio messages on the API side.
 Text travels inside msgpack strings and is never joined or split on a delimiter. A message of an
 unknown version or type, with unknown or missing fields, raises ProtocolError; nothing is guessed.
 Plain Python only (no torch), so the API process can import it.
@@ -20,7 +22,7 @@ import msgpack
 
 from vox_serve.core.meta import EngineLimits, ProgramMeta
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: AudioBatch
 
 _TYPES: dict[str, type] = {}
 _BINARY = "binary"
