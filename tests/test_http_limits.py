@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from http_harness import Server, error_of, generate_concurrently, running_server, wait_until
+from http_harness import Server, error_of, generate, generate_concurrently, running_server, wait_until
 
 TIMEOUT_S = 3.0
 
@@ -20,12 +21,21 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield srv
 
 
+def _one_running(server: Server) -> bool:
+    [replica] = server.replicas()
+    return replica["active_requests"] == 1 and replica["waiting_requests"] == 0
+
+
 def test_overload_answers_503_with_retry_after(server: Server) -> None:
-    responses = generate_concurrently(server, [
-        {"text": f"Request {i}.", "max_tokens": 35, "ignore_eos": True, "streaming": False} for i in range(5)
-    ])
+    """One request runs (the batch holds one); of four more sent at once one waits (the queue holds one) and
+    the others find the queue full."""
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(generate, server, text="Request 0.", max_tokens=300, ignore_eos=True, streaming=False)
+        wait_until(lambda: _one_running(server), 30.0)  # admitted: the queue is empty again
+        responses = [*generate_concurrently(server, [
+            {"text": f"Request {i}.", "max_tokens": 35, "ignore_eos": True, "streaming": False} for i in range(1, 5)
+        ]), first.result()]
     statuses = sorted(r.status_code for r in responses)
-    # One request runs and one waits; the others find the queue full.
     assert statuses.count(200) >= 2 and statuses.count(503) >= 1 and set(statuses) <= {200, 503}, statuses
     for r in responses:
         if r.status_code == 503:
