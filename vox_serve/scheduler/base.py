@@ -594,7 +594,7 @@ class Scheduler:
             for slot in slots[ends & ~stop]:
                 self._finish_generation(t.requests[slot], "length")
 
-    def _on_audio(self, req_ids: list[str], pcms: list[bytes], now: float) -> None:
+    def _on_audio(self, req_ids: list[str], pcms: list[bytes | memoryview], now: float) -> None:
         """Each decoded chunk to its request's stats and sink (requests that ended meanwhile are skipped)."""
         requests = self.requests
         for req_id, pcm in zip(req_ids, pcms, strict=True):
