@@ -51,3 +51,21 @@ def test_codec_and_rope_kernels_match_the_reference() -> None:
     ref_q, _ = rope(q, q, positions)
     got = triton_ops.rope(q.cuda(), rope.cos.cuda(), rope.sin.cuda(), positions.cuda()).cpu()
     assert (got - ref_q).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decoder_layer_kernels_match_the_reference(dtype: torch.dtype) -> None:
+    """silu_mul and add_rms_norm (the decoder layer's fused kernels on a GPU) at a 3B model's widths."""
+    gen = torch.Generator().manual_seed(1)
+    gate_up = (torch.randn(7, 2 * 8192, generator=gen) * 3).to(dtype)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    ref = torch.nn.functional.silu(gate) * up
+    got = triton_ops.silu_mul(gate_up.cuda()).cpu().float()
+    assert ((got - ref).abs() <= 1e-5 + (0.0 if dtype == torch.float32 else 1e-2) * ref.abs()).all()
+    x, delta = (torch.randn(7, 3072, generator=gen).to(dtype) for _ in range(2))
+    weight = (torch.rand(3072, generator=gen) + 0.5).to(dtype)
+    total, out = triton_ops.add_rms_norm(x.cuda(), delta.cuda(), weight.cuda(), 1e-5)
+    assert torch.equal(total.cpu(), x + delta)  # rounded to nearest as torch's own add
+    s = (x + delta).float()
+    ref = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()
+    assert (out.cpu().float() - ref).abs().max() < (1e-4 if dtype == torch.float32 else 5e-2)

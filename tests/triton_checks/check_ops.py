@@ -39,6 +39,37 @@ def check_rope() -> None:
     assert (triton_ops.rope(k, rope.cos, rope.sin, positions) - ref_k).abs().max() < 1e-5
 
 
+def check_silu_mul() -> None:
+    gen = torch.Generator().manual_seed(3)
+    gate_up = torch.randn(5, 2 * 300, generator=gen) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    ref = torch.nn.functional.silu(gate) * up
+    assert (triton_ops.silu_mul(gate_up) - ref).abs().max() < 1e-5
+    got16 = triton_ops.silu_mul(gate_up.bfloat16())
+    assert got16.dtype == torch.bfloat16 and ((got16.float() - ref).abs() <= 0.02 * ref.abs() + 0.02).all()
+
+
+def check_add_rms_norm() -> None:
+    from vox_serve.layers.decoder import RMSNorm
+
+    gen = torch.Generator().manual_seed(4)
+    norm = RMSNorm(200, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(200, generator=gen) + 0.5)
+    x, delta = torch.randn(3, 200, generator=gen), torch.randn(3, 200, generator=gen)
+    total, out = triton_ops.add_rms_norm(x, delta, norm.weight, norm.eps)
+    with torch.no_grad():
+        assert torch.equal(total, x + delta) and (out - norm(x + delta)).abs().max() < 1e-5
+        x16, d16, w16 = x.bfloat16(), delta.bfloat16(), norm.weight.detach().bfloat16()
+        total16, out16 = triton_ops.add_rms_norm(x16, d16, w16, norm.eps)
+        s16 = x16 + d16
+        ref16 = (s16.float() * torch.rsqrt(s16.float().pow(2).mean(-1, keepdim=True) + norm.eps) * w16.float())
+    # bf16 sums within one unit in the last place (the interpreter's float32 -> bf16 cast may truncate)
+    assert total16.dtype == out16.dtype == torch.bfloat16
+    assert ((total16.float() - s16.float()).abs() <= s16.float().abs() * 2**-7 + 1e-30).all()
+    assert (out16.float() - ref16).abs().max() < 0.05
+
+
 def check_depthwise() -> None:
     gen = torch.Generator().manual_seed(2)
     for dilation, padding, bias in ((1, 3, True), (3, 9, True), (9, 0, False)):

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vox_serve.layers.rope import RotaryEmbedding
+from vox_serve.rt import triton_ops
 
 Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]  # (layer, q [T,Hq,D], k, v [T,Hkv,D]) -> [T,Hq,D]
 
@@ -87,6 +88,10 @@ class DecoderLayer(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope(q, k, positions)
         out = attend(self.layer_id, q, k, v.view(t, self.num_kv_heads, self.head_dim))
+        if triton_ops.enabled(x):  # the residual add with the norm after it, and the SwiGLU gate: one kernel each
+            norm = self.post_attention_layernorm
+            x, h = triton_ops.add_rms_norm(x, self.o_proj(out.reshape(t, -1)), norm.weight, norm.eps)
+            return x + self.down_proj(triton_ops.silu_mul(self.gate_up_proj(h)))
         x = x + self.o_proj(out.reshape(t, -1))
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)

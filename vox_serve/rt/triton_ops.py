@@ -9,7 +9,9 @@ of such ops with one pass:
 - `snake`: the codecs' Snake activation `x + scale sin(alpha x)^2` (5 passes over the activations) -> 1;
 - `rope`: rotate-half rotary embedding of q or k from the cos/sin tables (~8 ops) -> 1;
 - `depthwise_conv1d`: the codecs' depthwise convolutions (PyTorch's generic kernel was slow) -> 1;
-- `sample`: the sampling filters (temperature, top-k, top-p, min-p) and the draw (~40 ops) -> 1.
+- `sample`: the sampling filters (temperature, top-k, top-p, min-p) and the draw (~40 ops) -> 1;
+- `silu_mul`: the SwiGLU gate `silu(gate) * up` of a fused gate/up projection (2 kernels) -> 1;
+- `add_rms_norm`: a residual add and the RMSNorm after it (2 kernels) -> 1, returning both.
 
 Used only for CUDA tensors when Triton imports (`enabled(t)`); everything else runs the reference.
 Tests run these kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
@@ -82,6 +84,30 @@ if triton is not None:
         s = tl.sin(a * x)
         y = x + scale * s * s
         tl.store(out_ptr + i, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit(do_not_specialize=["total", "width"])
+    def _silu_mul_kernel(x_ptr, out_ptr, total, width, BLOCK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < total
+        row, col = i // width, i % width
+        gate = tl.load(x_ptr + row * (2 * width) + col, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * (2 * width) + width + col, mask=mask, other=0.0).to(tl.float32)
+        y = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(out_ptr + i, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit(do_not_specialize=["width", "eps"])
+    def _add_rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, sum_ptr, out_ptr, width, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        col = tl.arange(0, BLOCK)
+        mask = col < width
+        x = tl.load(x_ptr + row * width + col, mask=mask, other=0.0)
+        d = tl.load(delta_ptr + row * width + col, mask=mask, other=0.0)
+        s = (x.to(tl.float32) + d.to(tl.float32)).to(sum_ptr.dtype.element_ty)  # rounded as the residual is
+        tl.store(sum_ptr + row * width + col, s, mask=mask)
+        sf = s.to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / width + eps)
+        w = tl.load(weight_ptr + col, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * width + col, (sf * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["heads", "stride_t", "stride_h", "table_stride"])
     def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, pos_ptr, heads, stride_t, stride_h, table_stride,
@@ -210,6 +236,29 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
         _rope_kernel[(tokens, heads)](x, out, cos, sin, positions, heads, x.stride(0), x.stride(1), cos.stride(0),
                                       HALF=dim // 2)
     return out
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """gate_up [..., 2I] (gate, then up) -> silu(gate) * up [..., I] in its dtype (math in float32)."""
+    gate_up = gate_up.contiguous()
+    width = gate_up.shape[-1] // 2
+    out = torch.empty(*gate_up.shape[:-1], width, dtype=gate_up.dtype, device=gate_up.device)
+    if out.numel():
+        _silu_mul_kernel[_grid(out.numel())](gate_up, out, out.numel(), width, BLOCK=_BLOCK)
+    return out
+
+
+def add_rms_norm(x: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(x + delta, RMSNorm(x + delta) * weight) for x, delta [T, D]: the sum rounded to x's dtype (as a residual
+    stream is), the norm's math in float32 over that sum, the result in x's dtype; one program per row."""
+    x, delta = x.contiguous(), delta.contiguous()  # any leading dimensions: rows of the last one
+    width = x.shape[-1]
+    tokens = x.numel() // width if width else 0
+    total, out = torch.empty_like(x), torch.empty_like(x)
+    if tokens:
+        _add_rms_norm_kernel[(tokens,)](x, delta, weight.contiguous(), total, out, width, eps,
+                                        BLOCK=triton.next_power_of_2(width))
+    return total, out
 
 
 def depthwise_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, padding: int) -> Tensor:
