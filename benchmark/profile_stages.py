@@ -131,7 +131,8 @@ def measure(program: Program, worker: EngineWorker, stage: Stage, n: int, top: i
     seqs = n if stage is Stage.PREFILL and not isinstance(handle, int) else None
 
     def eager() -> None:
-        program.run_stage(stage, bucket, seqs)
+        with torch.inference_mode():  # as the stage handles run it (its tensors are inference tensors)
+            program.run_stage(stage, bucket, seqs)
 
     entry["eager_ms"] = per_launch_ms(eager, 5)
     shown = " ".join(f"{k} {v:.3f} ms" for k, v in entry.items() if k.endswith("_ms"))
