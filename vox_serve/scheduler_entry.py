@@ -493,6 +493,7 @@ def serve(service: SchedulerService, conn: Connection, parent_pid: int, heartbea
                 log.warning("the API process is gone; exiting")
                 return
     service.loop.drain()
+    service.flush_audio()  # the drained steps' chunks
 
 
 def _with_voice(preprocess: Preprocess, voice: VoicePrompt) -> Preprocess:
