@@ -1,7 +1,8 @@
 """The base scheduling policy and the request life cycle every policy shares (torch-free).
 
-Each step: audio chunks that are ready are decoded (in arrival order); new requests are admitted
-and prefilled first; every other running request decodes one token.
+Each step: audio chunks that are ready are decoded (in arrival order; which are ready, and their codec
+rows, is chunk_plan.py's arithmetic); new requests are admitted and prefilled first; every other running
+request decodes one token.
 Slots: an admitted request holds a request slot until it ends; the slot indexes its state on the
 device (page table, sampling parameters, token history, codes, codec state) and the host's counters
 in the slot table (`core/slot_table.py`), so the decode batch and the step's results are handled
@@ -44,7 +45,8 @@ from vox_serve.core.page_pool import PagePool
 from vox_serve.core.plan import LmLaunch, PageUpdates, StepPlan, StepResult
 from vox_serve.core.request import OutKind, Request, RequestStatus
 from vox_serve.core.slot_table import SlotState, SlotTable
-from vox_serve.scheduler.rows import CodecRows, PrefillRows, decode_launch, slot_init
+from vox_serve.scheduler.chunk_plan import ChunkPlanner
+from vox_serve.scheduler.rows import PrefillRows, decode_launch, slot_init
 from vox_serve.scheduler.text_input import extend, waits_for_text
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -57,11 +59,6 @@ _IS_TOKEN = np.array([kind is not OutKind.STOP for kind in sorted(OutKind)], dty
 
 def _joined(parts: tuple[np.ndarray, ...]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def _one_each(take: np.ndarray) -> bool:
-    """Every slot takes exactly one chunk (then a slot's rows need no np.repeat)."""
-    return bool((take == 1).all())
 
 
 class QueueFull(RuntimeError):
@@ -105,7 +102,7 @@ class Scheduler:
         self._running_changes = 0  # the table's `changes` when _running was taken
         self._pages: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (slot, index, page) of the plan
         self._admits: list = []
-        self._codec_rows = CodecRows()
+        self.chunks = ChunkPlanner(self.table, self.geometry, meta.stateful_codec, limits.max_codec_batch)
         self._codes_of = _IS_AUDIO * meta.codes_per_step  # out kind -> codes the row adds
 
     # ---- requests in and out -------------------------------------------------------------
@@ -196,9 +193,9 @@ class Scheduler:
         self._running = self.table.slots_in(SlotState.RUNNING)
         self._running_changes = self.table.changes
         self._pages, self._admits = [], []
-        self._codec_rows = CodecRows()
+        self.chunks.start()
         self.select_codec()
-        codec = self._codec_rows.launch()
+        codec = self.chunks.rows.launch()
         prefill = self.select_prefill().launch()
         decode = self.select_decode()
         pages = PageUpdates(*(_joined(column).astype(np.int32) for column in zip(*self._pages, strict=True))
@@ -268,71 +265,21 @@ class Scheduler:
     def _plan_chunks(self, slots: np.ndarray, count: np.ndarray, no_more: np.ndarray,
                      why: str | Callable[[Request], str], room: int | None) -> int:
         """take_slot_chunks with the slots' ready chunks (`_ready_chunks`) known."""
-        rows = self._codec_rows
-        limit = self.limits.max_codec_batch if room is None else min(len(rows) + room, self.limits.max_codec_batch)
-        room_left = limit - len(rows)
-        take = count if int(count.sum()) <= room_left else np.minimum(
-            count, np.maximum(room_left - (np.cumsum(count) - count), 0))  # the first ones that fit
-        taken = slots[take > 0]
-        if len(taken):
-            one_each = _one_each(take)
-            row_slots = slots if one_each else np.repeat(slots, take)
-            last = ((take == count) & no_more) if self.draining else None  # a slot's last chunk is among them
-            ids = rows.add(self.table, row_slots, self._take_chunks(slots, take, last, one_each))
-            reasons = self.reasons["codec"]
-            if isinstance(why, str):
-                reasons.update(dict.fromkeys(ids, why))  # a request's rows share its id
-            else:
-                reasons.update((req.req_id, why(req)) for req in self.table.requests[taken])
+        taken, ids = self.chunks.take(slots, count, no_more, room, bool(self.draining))
+        reasons = self.reasons["codec"]
+        if isinstance(why, str):
+            reasons.update(dict.fromkeys(ids, why))  # a request's rows share its id
+        elif len(taken):
+            reasons.update((req.req_id, why(req)) for req in self.table.requests[taken])
         return len(taken)
 
     def _ready_chunks(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(chunks ready now, whether the last of them is a draining request's final one) per slot.
-
-        Chunk i needs `skip + first + lookahead + i * frames_per_chunk` frames (core/chunks.py); after the
-        full ones, a draining request has a shorter final chunk while frames remain that have lookahead.
-        """
-        t, g = self.table, self.geometry
-        frames, nxt = t.num_frames(slots), t.next_chunk[slots]
-        if self.draining:
-            draining = t.state[slots] == SlotState.DRAINING
-            some_draining = bool(draining.any())
-        else:  # no request is draining
-            draining, some_draining = np.zeros(len(slots), dtype=np.bool_), False
-        # a codec that pads the end needs no lookahead at it
-        ahead = np.where(draining, g.final_lookahead, g.lookahead) if some_draining else g.lookahead
-        base = g.skip + (g.first_frames or g.frames_per_chunk) + ahead
-        count = np.maximum((frames - base) // g.frames_per_chunk + 1 - nxt, 0)  # full chunks
-        if some_draining:  # then a shorter final chunk after the full ones
-            start, _ = g.emitted(nxt + count)
-            count = count + (draining & (frames - g.final_lookahead > start))
-        limited = np.minimum(count, 1) if self.meta.stateful_codec else count
-        return limited, (draining & (limited == count)) if some_draining else draining
-
-    def _take_chunks(self, slots: np.ndarray, take: np.ndarray, last: np.ndarray | None,
-                     one_each: bool) -> dict[str, np.ndarray]:
-        """Codec row columns of the next `take[i]` chunks of each slot (`one_each`: every take is 1; `last[i]`: the
-        slot's final chunk is the last one taken, None when no request is draining); advances their next chunk."""
-        t, g = self.table, self.geometry
-        nxt = t.next_chunk[slots]
-        per_row = (lambda column: column) if one_each else (lambda column: np.repeat(column, take))  # noqa: E731
-        offsets = None if one_each else np.arange(int(take.sum())) - np.repeat(np.cumsum(take) - take, take)
-        index = nxt if offsets is None else per_row(nxt) + offsets
-        start, full_end = g.emitted(index)
-        t.next_chunk[slots] = nxt + take
-        if last is None:  # nothing is draining: every chunk is a full one with its lookahead
-            end, is_last, window_end = full_end, np.zeros(len(index), dtype=np.bool_), full_end + g.lookahead
-        else:  # a full chunk with its lookahead, else a final one: short, or full without lookahead (codec_pads_end)
-            frames = per_row(t.num_frames(slots))
-            end = np.where(frames >= full_end + g.lookahead, full_end, np.minimum(full_end, frames - g.final_lookahead))
-            last_row = True if offsets is None else offsets == per_row(take) - 1
-            is_last, window_end = last_row & per_row(last), np.minimum(end + g.lookahead, frames)
-        return {"chunk_index": index, "first_frame": start - g.lookback, "window_end": window_end,
-                "num_frames": end - start, "is_last": is_last}
+        """(chunks ready now, whether the last of them is a draining request's final one) per slot."""
+        return self.chunks.ready_chunks(slots, bool(self.draining))
 
     @property
     def num_planned_chunks(self) -> int:
-        return len(self._codec_rows)
+        return len(self.chunks.rows)
 
     def has_ready_chunk(self, req: Request) -> bool:
         return req.slot is not None and bool(self._ready_chunks(np.asarray([req.slot]))[0][0] > 0)
