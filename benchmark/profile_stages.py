@@ -5,7 +5,8 @@
 
 Takes the server's flags and builds the engine as the server does (KV sized, stages captured). For
 every scenario (prefill of short prompts, decode at several batch sizes with a 512-token context,
-codec chunks at several batch sizes) it reports, per launch: the whole step through the spec-driven
+codec chunks at several batch sizes; `STAGES=codec` or `STAGES=prefill,decode` keeps some, `TOP=N`
+lists N kernels) it reports, per launch: the whole step through the spec-driven
 worker (host write, one upload, attention planning, launch, one download), the captured graph replayed
 alone, the stage run eagerly, and the top kernels of one eager run (torch.profiler). Slots are admitted
 with synthetic page tables (every row holds its own pages), so this measures stages, not scheduling.
@@ -105,7 +106,7 @@ def kernels(run: Callable[[], None], top: int) -> list[dict]:
     print(f"    device total {total / 1000:.3f} ms in {sum(e.count for e in events)} kernels")
     out = []
     for e in events[:top]:
-        out.append({"name": e.key[:90], "count": e.count, "ms": time_of(e) / 1000})
+        out.append({"name": e.key[:300], "count": e.count, "ms": time_of(e) / 1000})
         print(f"    {time_of(e) / 1000:8.3f} ms  x{e.count:<5d} {e.key[:100]}")
     return out
 
@@ -159,6 +160,9 @@ def main() -> None:
     scenarios = [(Stage.PREFILL, n) for n in (1, 4) if n <= lim.max_prefill_seqs]
     scenarios += [(Stage.DECODE, n) for n in (1, 16, 64, 128, 256) if n <= lim.max_batch]
     scenarios += [(Stage.CODEC, n) for n in (1, 16, 64, 128, 256) if n <= lim.max_codec_batch]
+    wanted = os.environ.get("STAGES")  # e.g. STAGES=codec: only those stages' scenarios
+    if wanted:
+        scenarios = [(stage, n) for stage, n in scenarios if str(stage) in wanted.split(",")]
     top = int(os.environ.get("TOP", "12"))
     report = [measure(program, worker, stage, n, top) for stage, n in scenarios]
     if out_dir is not None:

@@ -7,7 +7,7 @@ import torch
 from sampling_helpers import random_case, to_cuda
 
 from vox_serve.layers.rope import RotaryEmbedding
-from vox_serve.rt import kernels, triton_ops
+from vox_serve.rt import codec_kernels, kernels, triton_ops
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or triton_ops.triton is None, reason="CUDA + Triton")]
@@ -40,11 +40,16 @@ def test_codec_and_rope_kernels_match_the_reference() -> None:
     alpha = torch.rand(1, 64, 1, generator=gen) + 0.2
     scale = (alpha + 1e-9).reciprocal()
     ref = x + scale * torch.sin(alpha * x).pow(2)
-    assert (triton_ops.snake(x.cuda(), alpha.cuda(), scale.cuda()).cpu() - ref).abs().max() < 1e-4
+    assert (codec_kernels.snake(x.cuda(), alpha.cuda(), scale.cuda()).cpu() - ref).abs().max() < 1e-4
+    context = torch.randn(4, 64, 54, generator=gen)
+    joined = codec_kernels.snake(x.cuda()[..., 7:], alpha.cuda(), scale.cuda(), context=context.cuda()).cpu()
+    assert torch.equal(joined[..., :54], context) and (joined[..., 54:] - ref[..., 7:]).abs().max() < 1e-4
     conv = torch.nn.Conv1d(64, 64, 7, dilation=3, padding=9, groups=64)
+    last = torch.nn.Conv1d(64, 1, 7, padding=3)  # a codec's last convolution (cuDNN's generic GEMM was slow)
     with torch.no_grad():
-        ref = conv(x)
-        assert (triton_ops.conv1d(conv.cuda(), x.cuda()).cpu() - ref).abs().max() < 1e-4
+        for c in (conv, last):
+            ref = c(x)
+            assert (codec_kernels.conv1d(c.cuda(), x.cuda()).cpu() - ref).abs().max() < 1e-4
     rope = RotaryEmbedding(128, 512, {"rope_type": "default", "rope_theta": 10000.0})
     q = torch.randn(33, 8, 128, generator=gen)
     positions = torch.randint(0, 512, (33,), generator=gen)
@@ -69,3 +74,36 @@ def test_decoder_layer_kernels_match_the_reference(dtype: torch.dtype) -> None:
     s = (x + delta).float()
     ref = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()
     assert (out.cpu().float() - ref).abs().max() < (1e-4 if dtype == torch.float32 else 5e-2)
+
+
+def _snr_db(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float(10 * torch.log10(ref.pow(2).mean() / (got - ref).pow(2).mean().clamp_min(1e-20)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_codecs_on_cuda_equal_the_cpu_reference(dtype: torch.dtype) -> None:
+    """The real-size Qwen3-TTS codec (streamed in chunks: the fused Snake + left context, the one-channel last
+    convolution) and SNAC on a GPU, every codec kernel on, against PyTorch on the CPU in float32. cuDNN's
+    float32 convolutions may use TF32, hence an SNR bound rather than an exact one."""
+    from vox_serve.codecs.qwen3.decoder import Qwen3CodecConfig, Qwen3CodecDecoder
+    from vox_serve.codecs.snac import SnacConfig, SnacDecoder, orpheus_frames_to_codes
+    from vox_serve.models.orpheus.loader import SNAC_24KHZ_CONFIG
+
+    floor = 45.0 if dtype == torch.float32 else 25.0
+    qwen = Qwen3CodecDecoder.random(Qwen3CodecConfig(), seed=3)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in qwen.named_parameters():
+            if name.endswith(("alpha", "beta", "bias")):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+    codes = torch.randint(0, qwen.config.codebook_size, (2, 6, qwen.config.num_quantizers), generator=gen)
+    ref = qwen.decode(codes, max_chunk_frames=2)
+    got = qwen.to("cuda", dtype).decode(codes.cuda(), max_chunk_frames=2).float().cpu()
+    assert _snr_db(got, ref) >= floor, _snr_db(got, ref)
+    snac = SnacDecoder.random(SnacConfig.from_dict(SNAC_24KHZ_CONFIG), seed=5)
+    frames = torch.randint(0, 4096, (2, 7, 7), generator=gen)
+    seed = torch.tensor([11, 12])
+    with torch.no_grad():
+        ref = snac.decode(orpheus_frames_to_codes(frames), seed)
+        got = snac.to("cuda", dtype).decode(orpheus_frames_to_codes(frames.cuda()), seed.cuda()).float().cpu()
+    assert _snr_db(got, ref) >= floor, _snr_db(got, ref)

@@ -5,7 +5,7 @@ import sys
 import torch
 
 from vox_serve.layers.rope import RotaryEmbedding
-from vox_serve.rt import kernels, triton_ops
+from vox_serve.rt import codec_kernels, kernels, triton_ops
 
 
 def check_hash() -> None:
@@ -23,9 +23,19 @@ def check_snake() -> None:
     alpha = torch.rand(1, 3, 1, generator=gen) + 0.2
     scale = (alpha + 1e-9).reciprocal()
     ref = x + scale * torch.sin(alpha * x).pow(2)
-    assert (triton_ops.snake(x, alpha, scale) - ref).abs().max() < 1e-5
-    got16 = triton_ops.snake(x.bfloat16(), alpha, scale)
+    assert (codec_kernels.snake(x, alpha, scale) - ref).abs().max() < 1e-5
+    got16 = codec_kernels.snake(x.bfloat16(), alpha, scale)
     assert got16.dtype == torch.bfloat16 and (got16.float() - ref).abs().max() < 0.1
+    # a strided input (a slice along time, as a transposed convolution's output is cut) and a left context
+    wide = torch.randn(2, 3, 720, generator=gen)
+    context = torch.randn(2, 3, 18, generator=gen)
+    part = wide[..., 5:705]
+    joined = codec_kernels.snake(part, alpha, scale, context=context)
+    expected = torch.cat([context, part + scale * torch.sin(alpha * part).pow(2)], dim=-1)
+    assert joined.shape == (2, 3, 718) and (joined - expected).abs().max() < 1e-5
+    assert torch.equal(joined[..., :18], context)  # the context is copied exactly
+    short = codec_kernels.snake(x[..., :5], alpha, scale, context=context[..., :6])  # rows shorter than a block
+    assert (short[..., 6:] - ref[..., :5]).abs().max() < 1e-5 and torch.equal(short[..., :6], context[..., :6])
 
 
 def check_rope() -> None:
@@ -77,8 +87,50 @@ def check_depthwise() -> None:
         x = torch.randn(2, 5, 300, generator=gen)
         with torch.no_grad():
             ref = conv(x)
-            got = triton_ops.depthwise_conv1d(x, conv.weight, conv.bias, dilation, padding)
+            got = codec_kernels.depthwise_conv1d(x, conv.weight, conv.bias, dilation, padding)
         assert got.shape == ref.shape and (got - ref).abs().max() < 1e-5, (dilation, (got - ref).abs().max())
+
+
+def check_conv_to_one() -> None:
+    """One output channel (a codec's last convolution): channels not a multiple of the block, strided input."""
+    gen = torch.Generator().manual_seed(5)
+    for channels, dilation, padding, bias in ((40, 1, 3, True), (96, 1, 0, True), (7, 3, 9, False)):
+        conv = torch.nn.Conv1d(channels, 1, 7, dilation=dilation, padding=padding, bias=bias)
+        x = torch.randn(2, channels, 310, generator=gen)[..., 3:303]
+        with torch.no_grad():
+            ref = conv(x)
+            got = codec_kernels.conv1d_to_one(x, conv.weight, conv.bias, dilation, padding)
+        assert got.shape == ref.shape and (got - ref).abs().max() < 1e-4, (channels, (got - ref).abs().max())
+
+
+def check_codecs() -> None:
+    """Whole tiny codecs with every codec kernel on (as on a GPU) equal the PyTorch path: the Qwen3-TTS codec
+    streamed chunk by chunk (the fused Snake + left context of its causal convolutions) and SNAC."""
+    from vox_serve.codecs.qwen3.decoder import Qwen3CodecConfig, Qwen3CodecDecoder
+    from vox_serve.codecs.snac import SnacConfig, SnacDecoder, orpheus_frames_to_codes
+    from vox_serve.models.orpheus.loader import SNAC_TINY_CONFIG
+    from vox_serve.models.qwen3_tts.loader import TINY_CODEC_CONFIG
+
+    qwen = Qwen3CodecDecoder.random(Qwen3CodecConfig.from_dict(TINY_CODEC_CONFIG), seed=3)
+    snac = SnacDecoder.random(SnacConfig.from_dict(SNAC_TINY_CONFIG), seed=5)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():  # random() zeroes these: non-zero Snake factors and biases, so every term counts
+        for name, p in [*qwen.named_parameters(), *snac.named_parameters()]:
+            if name.endswith(("alpha", "beta", "bias")):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+    codes = torch.randint(0, 2048, (2, 5, qwen.config.num_quantizers), generator=torch.Generator().manual_seed(4))
+    frames = torch.randint(0, 4096, (2, 3, 7), generator=torch.Generator().manual_seed(6))
+    seed = torch.tensor([11, 12])
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return qwen.decode(codes, max_chunk_frames=2), snac.decode(orpheus_frames_to_codes(frames), seed)
+
+    ref_qwen, ref_snac = run()
+    triton_ops.enabled = lambda t: True  # every kernel on, as for CUDA tensors
+    got_qwen, got_snac = run()
+    for got, ref in ((got_qwen, ref_qwen), (got_snac, ref_snac)):
+        assert got.shape == ref.shape and (got - ref).abs().max() < 1e-4, (got - ref).abs().max()
 
 
 def check_sample() -> None:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vox_serve.codecs.weight_norm import fuse_weight_norm
-from vox_serve.rt import triton_ops
+from vox_serve.rt import codec_kernels, triton_ops
 from vox_serve.rt.kernels import hash_normal
 
 
@@ -96,7 +96,7 @@ class _Snake(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         scale = (self.alpha + 1e-9).reciprocal()
         if triton_ops.enabled(x):
-            return triton_ops.snake(x, self.alpha, scale)
+            return codec_kernels.snake(x, self.alpha, scale)
         return x + scale * torch.sin(self.alpha * x).pow(2)
 
 
@@ -109,7 +109,7 @@ class _ResUnit(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         snake, conv, snake2, proj = self.block
-        return x + proj(snake2(triton_ops.conv1d(conv, snake(x))))
+        return x + proj(snake2(codec_kernels.conv1d(conv, snake(x))))
 
 
 class _Noise(nn.Module):
@@ -276,8 +276,8 @@ class SnacDecoder(nn.Module):
             if isinstance(m, _DecoderBlock):
                 z = m(z, noises[i].to(z.dtype) if noises is not None else None)
                 i += 1
-            else:
-                z = m(z)
+            else:  # the last convolution (one output channel) through its kernel on GPUs
+                z = codec_kernels.conv1d(m, z) if isinstance(m, nn.Conv1d) else m(z)
         return z
 
     forward = decode

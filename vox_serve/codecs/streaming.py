@@ -13,11 +13,13 @@ sliding-window) pass would show it.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vox_serve.rt import triton_ops
+from vox_serve.rt import codec_kernels
 
 
 class StatefulLayer(nn.Module):
@@ -79,8 +81,30 @@ class StreamingCodecDecoder(nn.Module):
         return torch.cat(out, dim=-1)
 
 
+class Activation(Protocol):
+    """An elementwise activation a causal convolution may apply to its input (`act=`), so that the
+    activation and the join with the left context are one pass where a fused kernel exists."""
+
+    def __call__(self, x: Tensor) -> Tensor: ...
+
+    def with_context(self, x: Tensor, context: Tensor) -> Tensor:
+        """cat([context, self(x)], -1)."""
+        ...
+
+
+def _input(x: Tensor, states: list[Tensor], state_id: int, context_len: int, act: Activation | None) -> Tensor:
+    """A causal convolution's input: [left context, act(x)] (the new context put back in `states`)."""
+    if not context_len:
+        return x if act is None else act(x)
+    context = states[state_id]
+    x = torch.cat([context, x], dim=-1) if act is None else act.with_context(x, context)
+    states[state_id] = x[..., -context_len:]
+    return x
+
+
 class CausalConv(StatefulLayer):
-    """Stride-1 Conv1d padded on the left only; context: the last (kernel-1)*dilation inputs [C_in, ctx]."""
+    """Stride-1 Conv1d padded on the left only; context: the last (kernel-1)*dilation inputs [C_in, ctx]
+    (after `act`, when the call passes one)."""
 
     def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1):
         super().__init__()
@@ -90,11 +114,9 @@ class CausalConv(StatefulLayer):
     def state_shape(self) -> tuple[int, ...] | None:
         return (self.conv.in_channels, self.context_len) if self.context_len else None
 
-    def forward(self, x: Tensor, states: list[Tensor]) -> Tensor:  # [B, C_in, N] -> [B, C_out, N]
-        if self.context_len:
-            x = torch.cat([states[self.state_id], x], dim=-1)
-            states[self.state_id] = x[..., -self.context_len:]
-        return triton_ops.conv1d(self.conv, x)
+    def forward(self, x: Tensor, states: list[Tensor], act: Activation | None = None) -> Tensor:
+        """[B, C_in, N] -> [B, C_out, N]: conv(act(x)) with the left context."""
+        return codec_kernels.conv1d(self.conv, _input(x, states, self.state_id, self.context_len, act))
 
 
 class CausalUpConv(StatefulLayer):
@@ -109,11 +131,10 @@ class CausalUpConv(StatefulLayer):
     def state_shape(self) -> tuple[int, ...] | None:
         return (self.conv.in_channels, self.context_len) if self.context_len else None
 
-    def forward(self, x: Tensor, states: list[Tensor]) -> Tensor:  # [B, C_in, N] -> [B, C_out, N * stride]
+    def forward(self, x: Tensor, states: list[Tensor], act: Activation | None = None) -> Tensor:
+        """[B, C_in, N] -> [B, C_out, N * stride]: the transposed conv of act(x) with the left context."""
         n = x.shape[-1]
-        if self.context_len:
-            x = torch.cat([states[self.state_id], x], dim=-1)
-            states[self.state_id] = x[..., -self.context_len:]
+        x = _input(x, states, self.state_id, self.context_len, act)
         start = self.context_len * self.stride
         return self.conv(x)[..., start:start + n * self.stride]
 

@@ -6,14 +6,13 @@ of such ops with one pass:
 
 - `hash_uniform`: the counter-based RNG of `rt.kernels` (~60 int64 ops per call) -> 1 kernel,
   bit-identical (uint32 arithmetic wraps exactly like the reference's masked int64 arithmetic);
-- `snake`: the codecs' Snake activation `x + scale sin(alpha x)^2` (5 passes over the activations) -> 1;
 - `rope`: rotate-half rotary embedding of q or k from the cos/sin tables (~8 ops) -> 1;
-- `depthwise_conv1d`: the codecs' depthwise convolutions (PyTorch's generic kernel was slow) -> 1;
 - `sample`: the sampling filters (temperature, top-k, top-p, min-p) and the draw (~40 ops) -> 1;
 - `silu_mul`: the SwiGLU gate `silu(gate) * up` of a fused gate/up projection (2 kernels) -> 1;
 - `add_rms_norm`: a residual add and the RMSNorm after it (2 kernels) -> 1, returning both.
 
 Used only for CUDA tensors when Triton imports (`enabled(t)`); everything else runs the reference.
+The codecs' kernels (Snake, convolutions) are in `rt/codec_kernels.py`.
 Tests run these kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
 """
 
@@ -73,18 +72,6 @@ if triton is not None:
         u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
         tl.store(out_ptr + i, u, mask=mask)
 
-    @triton.jit(do_not_specialize=["total", "channels", "length"])
-    def _snake_kernel(x_ptr, alpha_ptr, scale_ptr, out_ptr, total, channels, length, BLOCK: tl.constexpr):
-        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = i < total
-        c = (i // length) % channels
-        x = tl.load(x_ptr + i, mask=mask, other=0.0).to(tl.float32)
-        a = tl.load(alpha_ptr + c, mask=mask, other=1.0).to(tl.float32)
-        scale = tl.load(scale_ptr + c, mask=mask, other=1.0).to(tl.float32)
-        s = tl.sin(a * x)
-        y = x + scale * s * s
-        tl.store(out_ptr + i, y.to(out_ptr.dtype.element_ty), mask=mask)
-
     @triton.jit(do_not_specialize=["total", "width"])
     def _silu_mul_kernel(x_ptr, out_ptr, total, width, BLOCK: tl.constexpr):
         i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -124,25 +111,6 @@ if triton is not None:
         dst = out_ptr + (t * heads + h) * (2 * HALF)
         tl.store(dst + d, (x1 * cos - x2 * sin).to(out_ptr.dtype.element_ty))
         tl.store(dst + HALF + d, (x2 * cos + x1 * sin).to(out_ptr.dtype.element_ty))
-
-
-    @triton.jit(do_not_specialize=["channels", "length_in", "length_out", "dilation", "padding"])
-    def _depthwise_conv1d_kernel(x_ptr, w_ptr, b_ptr, out_ptr, channels, length_in, length_out, dilation, padding,
-                                 K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)  # batch * channels + channel
-        c = row % channels
-        t = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        inside = t < length_out
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for k in tl.static_range(K):
-            src = t - padding + k * dilation
-            ok = inside & (src >= 0) & (src < length_in)
-            x = tl.load(x_ptr + row * length_in + src, mask=ok, other=0.0).to(tl.float32)
-            acc += x * tl.load(w_ptr + c * K + k).to(tl.float32)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + c).to(tl.float32)
-        tl.store(out_ptr + row * length_out + t, acc.to(out_ptr.dtype.element_ty), mask=inside)
-
 
     @triton.jit
     def _hash_key(seed, offset, salt):
@@ -212,19 +180,6 @@ def hash_uniform(seed: Tensor, offset: Tensor, n: int, salt: int) -> Tensor:
     return out
 
 
-def snake(x: Tensor, alpha: Tensor, scale: Tensor) -> Tensor:
-    """x [B, C, T]; alpha, scale: C values -> x + scale * sin(alpha x)^2 in x's dtype (math in float32).
-
-    SNAC's Snake has scale = 1 / (alpha + 1e-9); the Qwen3 codec's SnakeBeta its own per-channel scale."""
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    _, channels, length = x.shape
-    if x.numel():
-        _snake_kernel[_grid(x.numel())](x, alpha.reshape(-1).contiguous(), scale.reshape(-1).contiguous(), out,
-                                        x.numel(), channels, length, BLOCK=_BLOCK)
-    return out
-
-
 def rope(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
     """Rotate-half rope: x [T, H, D] (any strides with a unit last stride), cos/sin tables [P, D]
     float32 whose two halves are equal, positions [T] -> new contiguous [T, H, D] in x's dtype."""
@@ -259,32 +214,6 @@ def add_rms_norm(x: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[
         _add_rms_norm_kernel[(tokens,)](x, delta, weight.contiguous(), total, out, width, eps,
                                         BLOCK=triton.next_power_of_2(width))
     return total, out
-
-
-def depthwise_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, padding: int) -> Tensor:
-    """F.conv1d with groups = channels and stride 1: x [B, C, T], weight [C, 1, K], bias [C] or None
-    -> [B, C, T + 2 * padding - dilation * (K - 1)] in x's dtype (float32 accumulation)."""
-    x = x.contiguous()
-    batch, channels, length = x.shape
-    kernel = weight.shape[-1]
-    length_out = length + 2 * padding - dilation * (kernel - 1)
-    out = torch.empty(batch, channels, length_out, dtype=x.dtype, device=x.device)
-    if out.numel():
-        w = weight.reshape(channels, kernel).contiguous()
-        b = bias.contiguous() if bias is not None else w
-        grid = (batch * channels, triton.cdiv(length_out, 256))
-        _depthwise_conv1d_kernel[grid](x, w, b, out, channels, length, length_out, dilation, padding,
-                                       K=kernel, HAS_BIAS=bias is not None, BLOCK=256)
-    return out
-
-
-def conv1d(conv: torch.nn.Conv1d, x: Tensor) -> Tensor:
-    """`conv(x)`, through the fused depthwise kernel when `conv` is depthwise (stride 1, zero padding)
-    and `x` lives on a GPU: PyTorch's generic depthwise kernel was a third of a SNAC window's time."""
-    depthwise = conv.groups == conv.in_channels == conv.out_channels and conv.stride == (1,)
-    if depthwise and enabled(x) and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros":
-        return depthwise_conv1d(x, conv.weight, conv.bias, conv.dilation[0], conv.padding[0])
-    return conv(x)
 
 
 def sample(logits: Tensor, allowed: Tensor | None, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor,

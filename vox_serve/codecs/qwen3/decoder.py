@@ -157,9 +157,10 @@ class Qwen3CodecDecoder(StreamingCodecDecoder):
         """The upsampling tail: latents [B, latent, N] -> pcm [B, N * samples_per_frame]."""
         for up, convnext in self.upsample:
             h = convnext(up(h, states), states)
-        for m in self.decoder:
+        *body, act, out = self.decoder
+        for m in body:
             h = m(h, states)
-        return h.clamp(-1.0, 1.0)[:, 0]
+        return out(h, states, act=act).clamp(-1.0, 1.0)[:, 0]
 
     def prime(self, codes: Tensor, lengths: Tensor, states: list[Tensor]) -> None:
         """Fresh ``states`` of B requests -> their state after decoding frames codes[b, :lengths[b]] of codes

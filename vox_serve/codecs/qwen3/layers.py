@@ -22,7 +22,7 @@ from vox_serve.codecs.streaming import (
     window_rope,
 )
 from vox_serve.layers.decoder import RMSNorm
-from vox_serve.rt import triton_ops
+from vox_serve.rt import codec_kernels, triton_ops
 
 
 class SnakeBeta(nn.Module):
@@ -34,11 +34,19 @@ class SnakeBeta(nn.Module):
         self.beta = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: Tensor, states: list[Tensor] | None = None) -> Tensor:  # [B, C, T]
-        alpha = self.alpha.exp()[None, :, None]
-        inv_beta = 1.0 / (self.beta.exp()[None, :, None] + 1e-9)
+        alpha, inv_beta = self._factors()
         if triton_ops.enabled(x):
-            return triton_ops.snake(x, alpha, inv_beta)
+            return codec_kernels.snake(x, alpha, inv_beta)
         return x + inv_beta * torch.sin(x * alpha).pow(2)
+
+    def with_context(self, x: Tensor, context: Tensor) -> Tensor:
+        """cat([context, self(x)], -1), one pass on GPUs (a causal convolution's input)."""
+        if triton_ops.enabled(x):
+            return codec_kernels.snake(x, *self._factors(), context=context)
+        return torch.cat([context, self(x)], dim=-1)
+
+    def _factors(self) -> tuple[Tensor, Tensor]:
+        return self.alpha.exp()[None, :, None], 1.0 / (self.beta.exp()[None, :, None] + 1e-9)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -64,7 +72,7 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv(dim, dim, 1)
 
     def forward(self, x: Tensor, states: list[Tensor]) -> Tensor:
-        return x + self.conv2(self.act2(self.conv1(self.act1(x), states)), states)
+        return x + self.conv2(self.conv1(x, states, act=self.act1), states, act=self.act2)
 
 
 class DecoderBlock(nn.Module):
@@ -76,8 +84,10 @@ class DecoderBlock(nn.Module):
                                     *(ResidualUnit(cout, d) for d in (1, 3, 9))])
 
     def forward(self, x: Tensor, states: list[Tensor]) -> Tensor:
-        for m in self.block:
-            x = m(x, states)
+        act, up, *units = self.block
+        x = up(x, states, act=act)
+        for unit in units:
+            x = unit(x, states)
         return x
 
 
