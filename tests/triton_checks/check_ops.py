@@ -36,6 +36,13 @@ def check_snake() -> None:
     assert torch.equal(joined[..., :18], context)  # the context is copied exactly
     short = codec_kernels.snake(x[..., :5], alpha, scale, context=context[..., :6])  # rows shorter than a block
     assert (short[..., 6:] - ref[..., :5]).abs().max() < 1e-5 and torch.equal(short[..., :6], context[..., :6])
+    bias = torch.randn(3, generator=gen)  # a convolution's bias, added in the kernel
+    shifted = part + bias[:, None]
+    got = codec_kernels.snake(part, alpha, scale, bias=bias)
+    assert (got - (shifted + scale * torch.sin(alpha * shifted).pow(2))).abs().max() < 1e-5
+    y = torch.randn(2, 3, 700, generator=gen)
+    triton_ops.enabled = lambda t: True  # add_residual takes the kernel only where it is enabled
+    assert (codec_kernels.add_residual(part, y, bias) - (part + (y + bias[:, None]))).abs().max() < 1e-6
 
 
 def check_rope() -> None:

@@ -93,10 +93,12 @@ class _Snake(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(1, dim, 1))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """`bias` (GPUs): a convolution's bias, added to x first in the same kernel."""
         scale = (self.alpha + 1e-9).reciprocal()
         if triton_ops.enabled(x):
-            return codec_kernels.snake(x, self.alpha, scale)
+            return codec_kernels.snake(x, self.alpha, scale, bias=bias)
+        x = x if bias is None else x + bias[:, None]
         return x + scale * torch.sin(self.alpha * x).pow(2)
 
 
@@ -109,7 +111,11 @@ class _ResUnit(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         snake, conv, snake2, proj = self.block
-        return x + proj(snake2(codec_kernels.conv1d(conv, snake(x))))
+        if not triton_ops.enabled(x):
+            return x + proj(snake2(codec_kernels.conv1d(conv, snake(x))))
+        # on GPUs each convolution's bias rides in the kernel after it (Snake, the residual add)
+        h = snake2(codec_kernels.conv1d(conv, snake(x), bias=False), bias=conv.bias)
+        return codec_kernels.add_residual(x, codec_kernels.conv1d(proj, h, bias=False), proj.bias)
 
 
 class _Noise(nn.Module):

@@ -114,9 +114,10 @@ class CausalConv(StatefulLayer):
     def state_shape(self) -> tuple[int, ...] | None:
         return (self.conv.in_channels, self.context_len) if self.context_len else None
 
-    def forward(self, x: Tensor, states: list[Tensor], act: Activation | None = None) -> Tensor:
-        """[B, C_in, N] -> [B, C_out, N]: conv(act(x)) with the left context."""
-        return codec_kernels.conv1d(self.conv, _input(x, states, self.state_id, self.context_len, act))
+    def forward(self, x: Tensor, states: list[Tensor], act: Activation | None = None, bias: bool = True) -> Tensor:
+        """[B, C_in, N] -> [B, C_out, N]: conv(act(x)) with the left context (`bias=False`: without the
+        conv's bias, which the caller adds in a kernel after it)."""
+        return codec_kernels.conv1d(self.conv, _input(x, states, self.state_id, self.context_len, act), bias)
 
 
 class CausalUpConv(StatefulLayer):

@@ -9,6 +9,8 @@ GEMM, and the causal convolutions' `cat` of their left context 4.9 ms. Here:
 - `snake(x, alpha, scale, context=None)`: `x + scale sin(alpha x)^2` per channel, one program per
   (row, block) so the channel is a scalar; with `context` [B, C, ctx] it returns
   `cat([context, snake(x)], -1)` in the same pass (what a causal convolution after it reads);
+- `add_residual`: a residual unit's `x + conv(h)` with the convolution's bias added here (PyTorch adds
+  a cuDNN convolution's bias in a broadcast pass of its own, ~0.1 ms per audio-rate conv at 64 windows);
 - `conv1d_to_one`: a convolution with one output channel (the waveform), a dot product per sample;
 - `depthwise_conv1d`: depthwise convolutions (PyTorch's generic kernel was a third of a SNAC window);
 - `conv1d(conv, x)`: `conv(x)` through the kernel above that fits, else PyTorch's.
@@ -34,8 +36,8 @@ if triton is not None:
 
     # Sizes and strides are not specialised on (one compiled variant per dtype and block size).
     @triton.jit(do_not_specialize=["channels", "length", "ctx", "x_sb", "x_sc", "c_sb", "c_sc"])
-    def _snake_kernel(x_ptr, ctx_ptr, alpha_ptr, scale_ptr, out_ptr, channels, length, ctx, x_sb, x_sc, c_sb, c_sc,
-                      HAS_CTX: tl.constexpr, BLOCK: tl.constexpr):
+    def _snake_kernel(x_ptr, ctx_ptr, alpha_ptr, scale_ptr, bias_ptr, out_ptr, channels, length, ctx, x_sb, x_sc,
+                      c_sb, c_sc, HAS_CTX: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)  # batch * channels + channel
         b, c = (row // channels).to(tl.int64), row % channels
         t = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # over ctx + length output columns
@@ -45,12 +47,26 @@ if triton is not None:
         scale = tl.load(scale_ptr + c).to(tl.float32)
         from_x = inside & (t >= ctx)
         x = tl.load(x_ptr + b * x_sb + c * x_sc + (t - ctx), mask=from_x, other=0.0).to(tl.float32)
+        if HAS_BIAS:  # the bias of the convolution before, added here instead of in a pass of its own
+            x += tl.load(bias_ptr + c).to(tl.float32)
         s = tl.sin(alpha * x)
         y = x + scale * s * s
         if HAS_CTX:
             kept = tl.load(ctx_ptr + b * c_sb + c * c_sc + t, mask=inside & (t < ctx), other=0.0).to(tl.float32)
             y = tl.where(t < ctx, kept, y)
         tl.store(out_ptr + row.to(tl.int64) * total + t, y.to(out_ptr.dtype.element_ty), mask=inside)
+
+    @triton.jit(do_not_specialize=["channels", "length", "x_sb", "x_sc", "y_sb", "y_sc"])
+    def _add_residual_kernel(x_ptr, y_ptr, bias_ptr, out_ptr, channels, length, x_sb, x_sc, y_sb, y_sc,
+                             BLOCK: tl.constexpr):
+        row = tl.program_id(0)  # batch * channels + channel
+        b, c = (row // channels).to(tl.int64), row % channels
+        t = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inside = t < length
+        x = tl.load(x_ptr + b * x_sb + c * x_sc + t, mask=inside, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + b * y_sb + c * y_sc + t, mask=inside, other=0.0).to(tl.float32)
+        out = x + (y + tl.load(bias_ptr + c).to(tl.float32))
+        tl.store(out_ptr + row.to(tl.int64) * length + t, out.to(out_ptr.dtype.element_ty), mask=inside)
 
     @triton.jit(do_not_specialize=["channels", "length_in", "length_out", "x_sb", "x_sc", "dilation", "padding"])
     def _conv_to_one_kernel(x_ptr, w_ptr, b_ptr, out_ptr, channels, length_in, length_out, x_sb, x_sc, dilation,
@@ -101,9 +117,11 @@ def _unit_last_stride(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def snake(x: Tensor, alpha: Tensor, scale: Tensor, context: Tensor | None = None) -> Tensor:
+def snake(x: Tensor, alpha: Tensor, scale: Tensor, context: Tensor | None = None, bias: Tensor | None = None
+          ) -> Tensor:
     """x [B, C, T] (any batch and channel strides); alpha, scale: C values -> x + scale * sin(alpha x)^2 in
-    x's dtype (math in float32), contiguous. With `context` [B, C, ctx]: cat([context, that], -1).
+    x's dtype (math in float32), contiguous. With `context` [B, C, ctx]: cat([context, that], -1). With
+    `bias` (C values), x + bias takes x's place (a convolution's bias, not added before).
 
     SNAC's Snake has scale = 1 / (alpha + 1e-9); the Qwen3 codec's SnakeBeta its own per-channel scale."""
     x = _unit_last_stride(x)
@@ -114,9 +132,26 @@ def snake(x: Tensor, alpha: Tensor, scale: Tensor, context: Tensor | None = None
         c = x if context is None else _unit_last_stride(context)
         block, warps = _row_block(ctx + length)
         grid = (batch * channels, triton.cdiv(ctx + length, block))
-        _snake_kernel[grid](x, c, alpha.reshape(-1).contiguous(), scale.reshape(-1).contiguous(), out, channels,
-                            length, ctx, x.stride(0), x.stride(1), c.stride(0), c.stride(1),
-                            HAS_CTX=context is not None, BLOCK=block, num_warps=warps)
+        alpha, scale = alpha.reshape(-1).contiguous(), scale.reshape(-1).contiguous()
+        _snake_kernel[grid](x, c, alpha, scale, bias if bias is not None else alpha, out, channels, length, ctx,
+                            x.stride(0), x.stride(1), c.stride(0), c.stride(1), HAS_CTX=context is not None,
+                            HAS_BIAS=bias is not None, BLOCK=block, num_warps=warps)
+    return out
+
+
+def add_residual(x: Tensor, y: Tensor, bias: Tensor | None) -> Tensor:
+    """x + (y + bias) per channel: x, y [B, C, T] (any batch and channel strides), bias C values (a
+    convolution's, not added to y before) -> contiguous, in x's dtype. Without a Triton GPU: torch."""
+    if bias is None or not triton_ops.enabled(x):
+        return x + (y if bias is None else y + bias[:, None])
+    x, y = _unit_last_stride(x), _unit_last_stride(y)
+    batch, channels, length = x.shape
+    out = torch.empty(batch, channels, length, dtype=x.dtype, device=x.device)
+    if out.numel():
+        block, warps = _row_block(length)
+        grid = (batch * channels, triton.cdiv(length, block))
+        _add_residual_kernel[grid](x, y, bias, out, channels, length, x.stride(0), x.stride(1), y.stride(0),
+                                   y.stride(1), BLOCK=block, num_warps=warps)
     return out
 
 
@@ -154,14 +189,15 @@ def depthwise_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: i
     return out
 
 
-def conv1d(conv: torch.nn.Conv1d, x: Tensor) -> Tensor:
-    """`conv(x)`; on a GPU, depthwise convolutions and those with one output channel (stride 1, zero
-    padding, no groups otherwise) run the kernels above."""
+def conv1d(conv: torch.nn.Conv1d, x: Tensor, bias: bool = True) -> Tensor:
+    """`conv(x)` (`bias=False`: without its bias, which a kernel after it adds); on a GPU, depthwise
+    convolutions and those with one output channel (stride 1, zero padding, no groups otherwise) run the
+    kernels above."""
+    b = conv.bias if bias else None
     plain = conv.stride == (1,) and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros"
-    if not (plain and triton_ops.enabled(x)):
-        return conv(x)
-    if conv.groups == conv.in_channels == conv.out_channels:
-        return depthwise_conv1d(x, conv.weight, conv.bias, conv.dilation[0], conv.padding[0])
-    if conv.out_channels == 1 and conv.groups == 1:
-        return conv1d_to_one(x, conv.weight, conv.bias, conv.dilation[0], conv.padding[0])
-    return conv(x)
+    if plain and triton_ops.enabled(x):
+        if conv.groups == conv.in_channels == conv.out_channels:
+            return depthwise_conv1d(x, conv.weight, b, conv.dilation[0], conv.padding[0])
+        if conv.out_channels == 1 and conv.groups == 1:
+            return conv1d_to_one(x, conv.weight, b, conv.dilation[0], conv.padding[0])
+    return conv(x) if bias else conv._conv_forward(x, conv.weight, None)

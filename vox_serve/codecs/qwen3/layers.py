@@ -33,10 +33,12 @@ class SnakeBeta(nn.Module):
         self.alpha = nn.Parameter(torch.zeros(dim))
         self.beta = nn.Parameter(torch.zeros(dim))
 
-    def forward(self, x: Tensor, states: list[Tensor] | None = None) -> Tensor:  # [B, C, T]
+    def forward(self, x: Tensor, states: list[Tensor] | None = None, bias: Tensor | None = None) -> Tensor:
+        """[B, C, T]; `bias` (GPUs): a convolution's bias, added to x first in the same kernel."""
         alpha, inv_beta = self._factors()
         if triton_ops.enabled(x):
-            return codec_kernels.snake(x, alpha, inv_beta)
+            return codec_kernels.snake(x, alpha, inv_beta, bias=bias)
+        x = x if bias is None else x + bias[:, None]
         return x + inv_beta * torch.sin(x * alpha).pow(2)
 
     def with_context(self, x: Tensor, context: Tensor) -> Tensor:
@@ -72,7 +74,11 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv(dim, dim, 1)
 
     def forward(self, x: Tensor, states: list[Tensor]) -> Tensor:
-        return x + self.conv2(self.conv1(x, states, act=self.act1), states, act=self.act2)
+        if not triton_ops.enabled(x):
+            return x + self.conv2(self.conv1(x, states, act=self.act1), states, act=self.act2)
+        # on GPUs each convolution's bias rides in the kernel after it (SnakeBeta, the residual add)
+        h = self.act2(self.conv1(x, states, act=self.act1, bias=False), bias=self.conv1.conv.bias)
+        return codec_kernels.add_residual(x, self.conv2(h, states, bias=False), self.conv2.conv.bias)
 
 
 class DecoderBlock(nn.Module):
