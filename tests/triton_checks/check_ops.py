@@ -157,6 +157,23 @@ def _check_kv_write_only(dtype: torch.dtype) -> None:
     assert torch.equal(cache[1:], ref[1:]), "k and v at their slots, nothing else written"
 
 
+def check_decoder_stack() -> None:
+    """The decoder layers with the fused kernels (run here by the interpreter) against the reference path: a paged
+    stack (prefill, then decode with padded rows) and a depth transformer, with and without per-head q/k norms."""
+    from tests.decoder_stack_helpers import relative_errors, stack_outputs
+
+    for kind in ("paged", "depth"):
+        for qk_norm in (False, True):
+            ref = stack_outputs(kind, qk_norm, torch.float32, "cpu")
+            enabled, triton_ops.enabled = triton_ops.enabled, lambda t: True
+            try:
+                got = stack_outputs(kind, qk_norm, torch.float32, "cpu")
+            finally:
+                triton_ops.enabled = enabled
+            errors = relative_errors(got, ref)
+            assert max(errors) < 1e-5, (kind, qk_norm, errors)
+
+
 def check_depthwise() -> None:
     gen = torch.Generator().manual_seed(2)
     for dilation, padding, bias in ((1, 3, True), (3, 9, True), (9, 0, False)):
