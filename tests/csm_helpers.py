@@ -12,6 +12,7 @@ import numpy as np
 import soundfile
 import torch
 
+from vox_serve.layers.decoder import paged_attend
 from vox_serve.models.csm.layers import sample_frame, stop_rows
 from vox_serve.models.csm.loader import CSM_TINY_CONFIG, CsmModules
 from vox_serve.models.tokenizers.byte_level import CSM_SPECIAL_TOKENS, byte_level_tokenizer
@@ -159,8 +160,7 @@ class EagerGenerator:
                                 qo_indptr=indptr.to(dev), slot_mapping=slots.to(dev))
         plan = AttentionPlan(num_seqs=len(rows), qo_lens=qo_lens, kv_lens=kv_lens, decode=max(qo_lens) == 1)
         self.attn.plan(plan, PlanInputs(None, None, None, None, max_pages_per_seq=pages.shape[1]))
-        hidden = self.m.backbone(ids.to(dev), positions.to(dev),
-                                 lambda layer, q, k, v: self.attn.forward(layer, q, k, v, bufs))
+        hidden = self.m.backbone(ids.to(dev), positions.to(dev), paged_attend(self.attn, bufs))
         return hidden[indptr[1:].long().to(dev) - 1]
 
     @torch.no_grad()

@@ -34,6 +34,7 @@ from vox_serve.models.csm.loader import load_csm
 from vox_serve.models.csm.program import DEFAULT_SAMPLING
 from vox_serve.models.csm.prompt import build_prompt, parse_fields
 from vox_serve.models.registry import FAMILIES, family_of
+from vox_serve.rt.attention.kv_write import QKPrep
 from vox_serve.rt.checkpoint import CheckpointError
 from vox_serve.scheduler.base import Scheduler
 
@@ -222,8 +223,9 @@ def test_a_huge_depth_top_k_keeps_every_id_as_zero_does(tiny_csm_dir: Path) -> N
     assert run_requests(program, config, [{**fields, "depth_decoder_top_k": 1}], greedy=False)[0].tokens != off
 
 
-def _causal(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _causal(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prep: QKPrep) -> torch.Tensor:
     """Whole-sequence causal attention, q [T, Hq, D], k/v [T, Hkv, D]."""
+    q, k = prep.apply(q, k)
     out = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                                            is_causal=True, enable_gqa=True)
     return out.transpose(0, 1)

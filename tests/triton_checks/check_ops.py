@@ -87,6 +87,110 @@ def check_add_rms_norm() -> None:
     assert (out16.float() - ref16).abs().max() < 0.05
 
 
+def check_rope_write_kv() -> None:
+    """Rotation (with and without per-head norms) and the K/V write into a paged cache and a static one, float32
+    and bf16, strided q/k/v, GQA, several pages, padded rows on the null page, a head dim whose half is not a
+    power of two."""
+    for dtype in (torch.float32, torch.bfloat16):
+        for dim, qk_norm in ((16, False), (16, True), (24, True)):
+            _check_rope_write_kv(dtype, dim, qk_norm)
+        _check_kv_write_only(dtype)
+
+
+def _qkv_case(dtype: torch.dtype, dim: int, tokens: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """Strided q [T, 4, D], k, v [T, 2, D] views of one fused qkv output, as the layers pass them."""
+    gen = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(tokens, 8 * dim, generator=gen) * 2).to(dtype)
+    return qkv[:, : 4 * dim].view(tokens, 4, dim), qkv[:, 4 * dim : 6 * dim].view(tokens, 2, dim), \
+        qkv[:, 6 * dim :].view(tokens, 2, dim)
+
+
+def _reference_prep(q: torch.Tensor, k: torch.Tensor, rope: RotaryEmbedding, positions: torch.Tensor,
+                    norms: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unfused GPU path: F.rms_norm per head (weight applied in float32, then rounded), then rope."""
+    if norms is not None:
+        q = torch.nn.functional.rms_norm(q, (q.shape[-1],), norms[0].to(q.dtype), 1e-6)
+        k = torch.nn.functional.rms_norm(k, (k.shape[-1],), norms[1].to(k.dtype), 1e-6)
+    return rope(q, k, positions)
+
+
+def _assert_close(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    """float32: within 1e-5; bf16: within two units in the last place of each head's largest value (the normed
+    head is rounded before its rotation, and the interpreter's float32 -> bf16 cast may truncate)."""
+    assert got.dtype == ref.dtype, what
+    scale = ref.float().abs().amax(-1, keepdim=True)
+    bound = 1e-5 * (1 + scale) if got.dtype == torch.float32 else 2**-6 * scale
+    err = ((got.float() - ref.float()).abs() - bound).max()
+    assert err <= 0, (what, got.dtype, err)
+
+
+def _check_rope_write_kv(dtype: torch.dtype, dim: int, qk_norm: bool) -> None:
+    from vox_serve.rt.attention.kv_write import QKPrep, write_kv
+
+    page_size, num_pages, tokens = 4, 6, 7
+    q, k, v = _qkv_case(dtype, dim, tokens, seed=dim + qk_norm)
+    rope = RotaryEmbedding(dim, 64, {"rope_type": "default", "rope_theta": 10000.0})
+    positions = torch.tensor([0, 3, 9, 63, 1, 0, 0])
+    slots = torch.tensor([5, 6, 17, 22, 4, 0, 0])  # pages 1, 4, 5; the last two rows padded (the null page)
+    gen = torch.Generator().manual_seed(7)
+    norms = (torch.rand(dim, generator=gen) + 0.5, torch.rand(dim, generator=gen) + 0.5) if qk_norm else None
+    ref_q, ref_k = _reference_prep(q, k, rope, positions, norms)
+    cache = torch.full((num_pages, 2, page_size, 2, dim), 7.0, dtype=dtype)  # what is not written stays 7
+    args = dict(q_norm=norms[0].to(dtype), k_norm=norms[1].to(dtype), eps=1e-6) if qk_norm else {}
+    got_q = triton_ops.rope_write_kv(q, k, v, cache[:, 0], cache[:, 1], slots, cos=rope.cos, sin=rope.sin,
+                                     positions=positions, **args)
+    assert got_q.shape == q.shape and got_q.is_contiguous()
+    _assert_close(got_q, ref_q, "q")
+    ref_cache = torch.full_like(cache, 7.0)
+    page, offset = slots // page_size, slots % page_size
+    ref_cache[page, 0, offset], ref_cache[page, 1, offset] = ref_k, v
+    _assert_close(cache[1:], ref_cache[1:], "k/v cache")
+    assert torch.equal(cache[1:, 1], ref_cache[1:, 1]), "v is copied exactly"
+    if not qk_norm:  # the CPU path of write_kv (the layers' own rope) gives the same cache and q
+        cpu_cache = torch.full_like(cache, 7.0)
+        cpu_q = write_kv(cpu_cache[:, 0], cpu_cache[:, 1], q, k, v, slots, QKPrep(rope=rope, positions=positions))
+        _assert_close(got_q, cpu_q, "q vs write_kv")
+        _assert_close(cache[1:], cpu_cache[1:], "cache vs write_kv")
+    # A depth transformer's static cache: separate K and V tensors [rows, positions, Hkv, D], rows as pages.
+    k_static, v_static = torch.zeros(3, 8, 2, dim, dtype=dtype), torch.zeros(3, 8, 2, dim, dtype=dtype)
+    rows = torch.tensor([0, 0, 1, 1, 2, 2, 2])
+    static_pos = torch.tensor([1, 2, 1, 2, 5, 6, 7])
+    got_q = triton_ops.rope_write_kv(q, k, v, k_static, v_static, rows * 8 + static_pos, cos=rope.cos,
+                                     sin=rope.sin, positions=static_pos, **args)
+    ref_q, ref_k = _reference_prep(q, k, rope, static_pos, norms)
+    _assert_close(got_q, ref_q, "q (static)")
+    _assert_close(k_static[rows, static_pos], ref_k, "k (static)")
+    assert torch.equal(v_static[rows, static_pos], v) and k_static[:, 0].abs().max() == 0
+
+
+def _check_kv_write_only(dtype: torch.dtype) -> None:
+    """No rope (the caller rotated, e.g. Zonos): k and v land unchanged and q comes back as it was."""
+    q, k, v = _qkv_case(dtype, 16, 5, seed=11)
+    cache = torch.zeros(4, 2, 4, 2, 16, dtype=dtype)
+    slots = torch.tensor([4, 5, 13, 0, 0])
+    assert triton_ops.rope_write_kv(q, k, v, cache[:, 0], cache[:, 1], slots) is q
+    ref = torch.zeros_like(cache)
+    ref[slots // 4, 0, slots % 4], ref[slots // 4, 1, slots % 4] = k, v
+    assert torch.equal(cache[1:], ref[1:]), "k and v at their slots, nothing else written"
+
+
+def check_decoder_stack() -> None:
+    """The decoder layers with the fused kernels (run here by the interpreter) against the reference path: a paged
+    stack (prefill, then decode with padded rows) and a depth transformer, with and without per-head q/k norms."""
+    from tests.decoder_stack_helpers import relative_errors, stack_outputs
+
+    for kind in ("paged", "depth"):
+        for qk_norm in (False, True):
+            ref = stack_outputs(kind, qk_norm, torch.float32, "cpu")
+            enabled, triton_ops.enabled = triton_ops.enabled, lambda t: True
+            try:
+                got = stack_outputs(kind, qk_norm, torch.float32, "cpu")
+            finally:
+                triton_ops.enabled = enabled
+            errors = relative_errors(got, ref)
+            assert max(errors) < 1e-5, (kind, qk_norm, errors)
+
+
 def check_depthwise() -> None:
     gen = torch.Generator().manual_seed(2)
     for dilation, padding, bias in ((1, 3, True), (3, 9, True), (9, 0, False)):

@@ -1,13 +1,19 @@
 """The pre-norm transformer decoder layer shared by the Llama-style and Qwen3-style models.
 
-RMSNorm -> fused q/k/v -> (optional per-head q/k RMSNorm, Qwen3) -> rope -> attention -> o_proj,
-then RMSNorm -> fused gate/up SwiGLU -> down_proj. Attention is whatever `attend` does with the
-rotated q, k and v: the paged KV backend for LMs, a static cache for a depth transformer.
+RMSNorm -> fused q/k/v -> attention -> o_proj, then RMSNorm -> fused gate/up SwiGLU -> down_proj.
+Attention is whatever `attend` does with q, k, v and the `QKPrep` that says how q and k are prepared
+(optional per-head q/k RMSNorm, Qwen3; rope): the paged KV backend for LMs, a static cache for a depth
+transformer; on GPUs the preparation and the KV write are one kernel.
+
+The residual stream is carried across layers (`run_layers`): a layer takes the stream and the previous
+layer's MLP output un-added, and its first op adds them with its input norm (`RMSNorm.add_norm`: one
+kernel on GPUs); the stack's final norm does the last add. On CPU the same adds run in the same order
+as a layer that adds its own output, so the results are the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +23,11 @@ from torch import Tensor, nn
 
 from vox_serve.layers.rope import RotaryEmbedding
 from vox_serve.rt import triton_ops
+from vox_serve.rt.attention import AttentionBackend, AttentionBuffers
+from vox_serve.rt.attention.kv_write import QKPrep
 
-Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]  # (layer, q [T,Hq,D], k, v [T,Hkv,D]) -> [T,Hq,D]
+# (layer, q [T,Hq,D], k, v [T,Hkv,D] as projected, how to prepare q and k) -> [T,Hq,D]
+Attend = Callable[[int, Tensor, Tensor, Tensor, QKPrep], Tensor]
 
 
 @dataclass(frozen=True)
@@ -51,12 +60,22 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, delta: Tensor | None = None) -> Tensor:
+        """RMSNorm(x), or RMSNorm(x + delta) when a delta is given."""
+        if delta is not None:
+            return self.add_norm(x, delta)[1]
         if x.is_cuda:  # one fused kernel (math in float32, the weight applied before the cast back)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
+
+    def add_norm(self, x: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
+        """(x + delta, RMSNorm(x + delta)): one kernel on GPUs (Triton)."""
+        if triton_ops.enabled(x):
+            return triton_ops.add_rms_norm(x, delta, self.weight, self.eps)
+        x = x + delta
+        return x, self(x)
 
 
 class DecoderLayer(nn.Module):
@@ -78,20 +97,36 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: Tensor, positions: Tensor, rope: RotaryEmbedding, attend: Attend) -> Tensor:
-        """x [T, hidden], positions [T] -> [T, hidden]."""
+    def forward(self, x: Tensor, delta: Tensor | None, positions: Tensor, rope: RotaryEmbedding,
+                attend: Attend) -> tuple[Tensor, Tensor]:
+        """x [T, hidden] the residual stream, delta [T, hidden] the previous layer's output not yet added to it
+        (None before the first layer), positions [T] -> (the stream after attention, this layer's MLP output)."""
         t = x.shape[0]
-        q, k, v = self.qkv_proj(self.input_layernorm(x)).split(self.split, dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, k, positions)
-        out = attend(self.layer_id, q, k, v.view(t, self.num_kv_heads, self.head_dim))
-        if triton_ops.enabled(x):  # the residual add with the norm after it, and the SwiGLU gate: one kernel each
-            norm = self.post_attention_layernorm
-            x, h = triton_ops.add_rms_norm(x, self.o_proj(out.reshape(t, -1)), norm.weight, norm.eps)
-            return x + self.down_proj(triton_ops.silu_mul(self.gate_up_proj(h)))
-        x = x + self.o_proj(out.reshape(t, -1))
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        x, h = self.input_layernorm.add_norm(x, delta) if delta is not None else (x, self.input_layernorm(x))
+        q, k, v = self.qkv_proj(h).split(self.split, dim=-1)
+        shape = (t, self.num_kv_heads, self.head_dim)
+        norms = dict(q_norm=self.q_norm, k_norm=self.k_norm) if self.qk_norm else {}
+        prep = QKPrep(rope=rope, positions=positions, **norms)
+        out = attend(self.layer_id, q.view(t, self.num_heads, self.head_dim), k.view(shape), v.view(shape), prep)
+        x, h = self.post_attention_layernorm.add_norm(x, self.o_proj(out.reshape(t, -1)))
+        if triton_ops.enabled(x):  # the SwiGLU gate: one kernel
+            return x, self.down_proj(triton_ops.silu_mul(self.gate_up_proj(h)))
+        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        return x, self.down_proj(F.silu(gate) * up)
+
+
+def paged_attend(attention: AttentionBackend, bufs: AttentionBuffers) -> Attend:
+    """`attend` over a paged KV backend, with one launch's buffers."""
+    def attend(layer: int, q: Tensor, k: Tensor, v: Tensor, prep: QKPrep) -> Tensor:
+        return attention.forward(layer, q, k, v, bufs, prep)
+    return attend
+
+
+def run_layers(layers: Iterable[DecoderLayer], x: Tensor, positions: Tensor, rope: RotaryEmbedding,
+               attend: Attend) -> tuple[Tensor, Tensor | None]:
+    """x [T, hidden] through the layers -> (stream, delta): the hidden states are stream + delta, which the
+    stack's final norm adds (`norm(stream, delta)`); delta is None when there are no layers."""
+    delta = None
+    for layer in layers:
+        x, delta = layer(x, delta, positions, rope, attend)
+    return x, delta

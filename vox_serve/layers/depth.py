@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vox_serve.layers.decoder import DecoderDims, DecoderLayer, RMSNorm
+from vox_serve.layers.decoder import DecoderDims, DecoderLayer, RMSNorm, run_layers
 from vox_serve.layers.rope import RotaryEmbedding
+from vox_serve.rt.attention.kv_write import QKPrep, write_kv
 
 
 class DepthTransformer(nn.Module):
@@ -54,22 +55,22 @@ class DepthTransformer(nn.Module):
         b, n, _ = x.shape
         h = self.in_proj(x).reshape(b * n, -1)
         positions = torch.arange(start, start + n, device=x.device).repeat(b)
-        end = start + n
+        # Each row's cache is a page of num_positions entries: row r's position p is slot r * num_positions + p.
+        rows = torch.arange(b, device=x.device)[:, None]
+        slots = (rows * self.num_positions + positions.view(b, n)).reshape(-1)
 
-        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor, prep: QKPrep) -> Tensor:
             kc, vc = self.k_cache[layer], self.v_cache[layer]
-            kc[:b, start:end] = k.view(b, n, *k.shape[1:])
-            vc[:b, start:end] = v.view(b, n, *v.shape[1:])
+            q = write_kv(kc, vc, q, k, v, slots, prep)
             qh = q.view(b, n, *q.shape[1:]).transpose(1, 2)  # [B, Hq, n, D]
-            # Positions >= end hold another frame's (or a padded row's) keys: masked out.
+            # Positions past a query's own hold another frame's (or a padded row's) keys: masked out.
             visible = torch.arange(self.num_positions, device=x.device)[None, :] <= positions[:n, None]
             out = F.scaled_dot_product_attention(qh, kc[:b].transpose(1, 2), vc[:b].transpose(1, 2),
                                                  attn_mask=visible, enable_gqa=True)
             return out.transpose(1, 2).reshape(b * n, *q.shape[1:])
 
-        for layer in self.layers:
-            h = layer(h, positions, self.rope, attend)
-        last = self.norm(h.view(b, n, -1)[:, -1])
+        h, delta = run_layers(self.layers, h, positions, self.rope, attend)
+        last = self.norm(h.view(b, n, -1)[:, -1], None if delta is None else delta.view(b, n, -1)[:, -1])
         return (last @ self.heads[head].t()).float()
 
     def sample_frame(self, hidden: Tensor, first: Tensor, embed: Callable[[int, Tensor], Tensor],

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vox_serve.layers.decoder import DecoderDims, DecoderLayer, RMSNorm
+from vox_serve.layers.decoder import DecoderDims, DecoderLayer, RMSNorm, paged_attend, run_layers
 from vox_serve.layers.rope import RotaryEmbedding, rope_parameters
 from vox_serve.rt.attention import AttentionBackend, AttentionBuffers
 
@@ -54,13 +54,7 @@ class LlamaForCausalLM(nn.Module):
                 bufs: AttentionBuffers) -> torch.Tensor:
         """input_ids [T], positions [T] -> final hidden states [T, hidden]."""
         x = self.embed_tokens(input_ids)
-
-        def attend(layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return attn.forward(layer_id, q, k, v, bufs)
-
-        for layer in self.layers:
-            x = layer(x, positions, self.rope, attend)
-        return self.norm(x)
+        return self.norm(*run_layers(self.layers, x, positions, self.rope, paged_attend(attn, bufs)))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab]."""

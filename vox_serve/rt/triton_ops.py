@@ -9,7 +9,9 @@ of such ops with one pass:
 - `rope`: rotate-half rotary embedding of q or k from the cos/sin tables (~8 ops) -> 1;
 - `sample`: the sampling filters (temperature, top-k, top-p, min-p) and the draw (~40 ops) -> 1;
 - `silu_mul`: the SwiGLU gate `silu(gate) * up` of a fused gate/up projection (2 kernels) -> 1;
-- `add_rms_norm`: a residual add and the RMSNorm after it (2 kernels) -> 1, returning both.
+- `add_rms_norm`: a residual add and the RMSNorm after it (2 kernels) -> 1, returning both;
+- `rope_write_kv`: an attention layer's q/k rope (and Qwen3's per-head q/k RMSNorm) and the K/V cache write at
+  the tokens' slots (2 rope launches, 2 norms, `//`, `%` and 2 index_put kernels) -> 1.
 
 Used only for CUDA tensors when Triton imports (`enabled(t)`); everything else runs the reference.
 The codecs' kernels (Snake, convolutions) are in `rt/codec_kernels.py`.
@@ -113,6 +115,65 @@ if triton is not None:
         tl.store(dst + HALF + d, (x2 * cos + x1 * sin).to(out_ptr.dtype.element_ty))
 
     @triton.jit
+    def _norm_rotate(src, w_ptr, cos, sin, d, mask, eps, HAS_NORM: tl.constexpr, HALF: tl.constexpr):
+        """One head's halves (x1, x2), per-head RMSNorm'd when HAS_NORM (rounded to the input dtype, as the
+        unfused norm's output is), rotated: float32 (y1, y2)."""
+        x1 = tl.load(src + d, mask=mask, other=0.0)
+        x2 = tl.load(src + HALF + d, mask=mask, other=0.0)
+        if HAS_NORM:
+            f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+            inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / (2 * HALF) + eps)
+            w1 = tl.load(w_ptr + d, mask=mask, other=0.0).to(tl.float32)
+            w2 = tl.load(w_ptr + HALF + d, mask=mask, other=0.0).to(tl.float32)
+            x1, x2 = (f1 * inv * w1).to(x1.dtype), (f2 * inv * w2).to(x2.dtype)
+        x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+        return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+    @triton.jit
+    def _store_kv(kc_ptr, vc_ptr, slot_ptr, v_src, t, kh, y1, y2, d, mask, page_size, c_page, c_tok, c_head,
+                  HALF: tl.constexpr):
+        """k halves (y1, y2) and the v head at v_src into the caches at token t's slot (page = slot // page_size)."""
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        at = (slot // page_size) * c_page + (slot % page_size) * c_tok + kh * c_head
+        tl.store(kc_ptr + at + d, y1.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(kc_ptr + at + HALF + d, y2.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + at + d, tl.load(v_src + d, mask=mask).to(vc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + at + HALF + d, tl.load(v_src + HALF + d, mask=mask).to(vc_ptr.dtype.element_ty), mask=mask)
+
+    # One program per (token, head). Rotating, heads [0, q_heads) rotate a q head into q_out and the others a
+    # k head; each k head goes into the cache with its v head. Without ROTATE, q_heads is 0 (a plain KV write).
+    @triton.jit(do_not_specialize=["q_heads", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "table_stride",
+                                   "page_size", "c_page", "c_tok", "c_head", "eps"])
+    def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
+                              qw_ptr, kw_ptr, q_heads, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, table_stride,
+                              page_size, c_page, c_tok, c_head, eps, ROTATE: tl.constexpr,
+                              HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1).to(tl.int64)
+        d = tl.arange(0, BLOCK)
+        mask = d < HALF
+        kh = h - q_heads
+        if ROTATE:
+            pos = tl.load(pos_ptr + t).to(tl.int64)
+            cos = tl.load(cos_ptr + pos * table_stride + d, mask=mask, other=0.0)
+            sin = tl.load(sin_ptr + pos * table_stride + d, mask=mask, other=0.0)
+            if h < q_heads:
+                y1, y2 = _norm_rotate(q_ptr + t * sq_t + h * sq_h, qw_ptr, cos, sin, d, mask, eps, HAS_NORM, HALF)
+                dst = q_out_ptr + (t * q_heads + h) * (2 * HALF)
+                tl.store(dst + d, y1.to(q_out_ptr.dtype.element_ty), mask=mask)
+                tl.store(dst + HALF + d, y2.to(q_out_ptr.dtype.element_ty), mask=mask)
+            else:
+                y1, y2 = _norm_rotate(k_ptr + t * sk_t + kh * sk_h, kw_ptr, cos, sin, d, mask, eps, HAS_NORM, HALF)
+                # rounded to k's dtype first, as the rotated k that the unfused path writes is
+                _store_kv(kc_ptr, vc_ptr, slot_ptr, v_ptr + t * sv_t + kh * sv_h, t, kh,
+                          y1.to(k_ptr.dtype.element_ty), y2.to(k_ptr.dtype.element_ty), d, mask,
+                          page_size, c_page, c_tok, c_head, HALF)
+        else:
+            src = k_ptr + t * sk_t + kh * sk_h
+            _store_kv(kc_ptr, vc_ptr, slot_ptr, v_ptr + t * sv_t + kh * sv_h, t, kh, tl.load(src + d, mask=mask),
+                      tl.load(src + HALF + d, mask=mask), d, mask, page_size, c_page, c_tok, c_head, HALF)
+
+    @triton.jit
     def _hash_key(seed, offset, salt):
         """The per-(seed, offset) key of `_hash_uniform_kernel`, for scalars."""
         key = (tl.zeros([1], dtype=tl.int64) + salt).to(tl.uint32)
@@ -191,6 +252,45 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
         _rope_kernel[(tokens, heads)](x, out, cos, sin, positions, heads, x.stride(0), x.stride(1), cos.stride(0),
                                       HALF=dim // 2)
     return out
+
+
+def rope_write_kv(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, *,
+                  cos: Tensor | None = None, sin: Tensor | None = None, positions: Tensor | None = None,
+                  q_norm: Tensor | None = None, k_norm: Tensor | None = None, eps: float = 0.0) -> Tensor:
+    """Rotate q and k (rotate-half, cos/sin tables [P, D] float32, positions [T]), each head RMSNorm'd first
+    when q_norm/k_norm [D] are given (Qwen3), and write the rotated k and v into the caches: one launch.
+
+    q [T, Hq, D], k, v [T, Hkv, D]: any strides with a unit last one (views of a fused qkv output).
+    k_cache, v_cache [pages, page_size, Hkv, D] with heads and dims contiguous, any page and token strides
+    (the halves of a paged NHD cache, or a static cache's rows as pages); token i goes to page
+    slots[i] // page_size, offset slots[i] % page_size. Returns the rotated q as a new contiguous tensor in q's
+    dtype; without tables nothing is rotated (a plain KV write) and q itself comes back."""
+    rotate = cos is not None
+    if rotate and (sin is None or positions is None):
+        raise ValueError("rope_write_kv: cos, sin and positions go together")
+    if (q_norm is None) != (k_norm is None) or (q_norm is not None and not rotate):
+        raise ValueError("rope_write_kv: q_norm and k_norm go together, with the rope tables")
+    tokens, q_heads, dim = q.shape
+    kv_heads = k.shape[1]
+    if dim % 2 or k_cache.shape[1:] != v_cache.shape[1:] or k_cache.shape[2:] != (kv_heads, dim):
+        raise ValueError(f"rope_write_kv: caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)} do not hold "
+                         f"{kv_heads} heads of even dim {dim}")
+    if k_cache.stride() != v_cache.stride() or k_cache.stride()[2:] != (dim, 1):
+        raise ValueError("rope_write_kv: the caches need equal strides and contiguous heads")
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q_out = torch.empty(tokens, q_heads, dim, dtype=q.dtype, device=q.device) if rotate else q
+    if not tokens:
+        return q_out
+    half = dim // 2
+    table = cos if rotate else slots  # (unread without ROTATE: any tensor stands in for the pointers)
+    weights = (q_norm, k_norm) if q_norm is not None else (table, table)
+    heads = q_heads if rotate else 0
+    _rope_write_kv_kernel[(tokens, heads + kv_heads)](
+        q, k, v, q_out, k_cache, v_cache, slots, positions if rotate else slots, table, sin if rotate else table,
+        *weights, heads, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        table.stride(0), k_cache.shape[1], k_cache.stride(0), k_cache.stride(1), dim, eps,
+        ROTATE=rotate, HAS_NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=1)
+    return q_out
 
 
 def silu_mul(gate_up: Tensor) -> Tensor:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vox_serve.layers.decoder import Attend, DecoderLayer, RMSNorm
+from vox_serve.layers.decoder import Attend, DecoderLayer, RMSNorm, run_layers
 from vox_serve.layers.depth import DepthTransformer
 from vox_serve.layers.rope import RotaryEmbedding
 from vox_serve.models.csm.config import CsmConfig
@@ -56,10 +56,7 @@ class CsmBackbone(nn.Module):
 
     def forward(self, ids: Tensor, positions: Tensor, attend: Attend) -> Tensor:
         """ids [T, K + 1], positions [T] -> final hidden states [T, hidden] (after the final norm)."""
-        x = self.embed(ids)
-        for layer in self.layers:
-            x = layer(x, positions, self.rope, attend)
-        return self.norm(x)
+        return self.norm(*run_layers(self.layers, self.embed(ids), positions, self.rope, attend))
 
 
 def depth_decoder(cfg: CsmConfig) -> DepthTransformer:

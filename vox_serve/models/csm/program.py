@@ -36,6 +36,7 @@ from torch import Tensor
 from vox_serve.codecs.slots import CodecSlots
 from vox_serve.core.meta import EngineLimits, ProgramLayout, ProgramMeta, SlotField, StopRule
 from vox_serve.core.request import OutKind, Prompt
+from vox_serve.layers.decoder import paged_attend
 from vox_serve.models.csm.context import encode_context
 from vox_serve.models.csm.layers import sample_frame, stop_rows
 from vox_serve.models.csm.prompt import (
@@ -159,11 +160,8 @@ class CsmProgram(Program):
     def lm_step(self, b: LmBatch) -> LmSample:
         """The backbone over the launch's tokens, then a whole frame per row (codebook 0, then the depth
         decoder's 31), and its kind."""
-
-        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            return self.attention.forward(layer, q, k, v, b.attention)
-
-        hidden = self.m.backbone(b.ids, b.positions, attend)[b.logits_index]  # [n, hidden]
+        hidden = self.m.backbone(b.ids, b.positions, paged_attend(self.attention, b.attention))
+        hidden = hidden[b.logits_index]  # [n, hidden]
         depth = self._depth_sampling(b)
 
         def sample(logits: Tensor, codebook: int) -> Tensor:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vox_serve.layers.decoder import Attend, DecoderDims, DecoderLayer, RMSNorm
+from vox_serve.layers.decoder import Attend, DecoderDims, DecoderLayer, RMSNorm, run_layers
 from vox_serve.layers.depth import DepthTransformer
 from vox_serve.layers.rope import RotaryEmbedding, rope_parameters
 
@@ -99,9 +99,7 @@ class Talker(nn.Module):
         if added is not None:
             rows, vectors = added
             x = x.index_add(0, rows, vectors.to(x.dtype))
-        for layer in self.layers:
-            x = layer(x, positions, self.rope, attend)
-        return self.norm(x)
+        return self.norm(*run_layers(self.layers, x, positions, self.rope, attend))
 
 
 class CodePredictor(DepthTransformer):

@@ -44,6 +44,7 @@ import torch
 from vox_serve.codecs.qwen3.decoder import Qwen3CodecDecoder, Qwen3CodecSlots
 from vox_serve.core.meta import EngineLimits, ProgramLayout, ProgramMeta, StopRule
 from vox_serve.core.request import OutKind, Prompt
+from vox_serve.layers.decoder import paged_attend
 from vox_serve.models.qwen3_tts.clone import (
     CLONE_FIELDS,
     MAX_REFERENCE_SECONDS,
@@ -183,10 +184,7 @@ class Qwen3TTSProgram(Program):
     def lm_step(self, b: LmBatch) -> LmSample:
         """The talker over the launch's tokens, then for each row a whole frame: group 0 from the talker,
         groups 1..G-1 from the code predictor."""
-
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return self.attention.forward(layer, q, k, v, b.attention)
-
+        attend = paged_attend(self.attention, b.attention)
         hidden = self.talker(b.ids, b.positions, attend, self.ids.tts_pad, b.prompt_vectors)
         last = hidden[b.logits_index]  # [n, hidden]
         first = self._sample_group0(last, b)

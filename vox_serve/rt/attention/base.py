@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from vox_serve.core.plan import ones
+from vox_serve.rt.attention.kv_write import QKPrep, write_kv
 
 
 @dataclass
@@ -152,8 +153,10 @@ class AttentionBackend(ABC):
         """Host-side preparation for the next step; called before the step, never inside a graph."""
 
     @abstractmethod
-    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, bufs: AttentionBuffers) -> Tensor:
-        """Write k/v into the cache at `bufs.slot_mapping[:T]`, then attend causally.
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, bufs: AttentionBuffers,
+                prep: QKPrep | None = None) -> Tensor:
+        """Prepare q and k by `prep` (none: they come rotated), write k/v into the cache at
+        `bufs.slot_mapping[:T]`, then attend causally (`_write_kv` does the first two).
 
         q: [T, Hq, D]; k, v: [T, Hkv, D], T = rows of this launch (may exceed the planned token
         count: padded rows). Token i of a sequence sees its KV positions 0 .. kv_len - qo_len + i.
@@ -163,11 +166,7 @@ class AttentionBackend(ABC):
     def memory_bytes(self) -> int:
         return sum(cache.numel() * cache.element_size() for cache in self.kv_caches)
 
-    def _write_kv(self, cache: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:
-        """cache: [P, 2, page_size, Hkv, D]; k, v: [T, Hkv, D]; slots: [T] int64."""
-        page = slots // self.page_size
-        offset = slots % self.page_size
-        cache[page, 0, offset] = k.to(cache.dtype)
-        cache[page, 1, offset] = v.to(cache.dtype)
-
-
+    def _write_kv(self, cache: Tensor, q: Tensor, k: Tensor, v: Tensor, slots: Tensor, prep: QKPrep | None) -> Tensor:
+        """cache: [P, 2, page_size, Hkv, D]; q: [T, Hq, D]; k, v: [T, Hkv, D]; slots: [T] int64 -> q, prepared.
+        (One fused kernel on GPUs: `kv_write.write_kv`.)"""
+        return write_kv(cache[:, 0], cache[:, 1], q, k, v, slots, prep)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from vox_serve.rt.attention.base import AttentionBackend, AttentionBuffers, AttentionPlan, PlanInputs
+from vox_serve.rt.attention.kv_write import QKPrep
 
 WORKSPACE_BYTES = 128 << 20
 
@@ -138,11 +139,12 @@ class FlashInferAttentionBackend(AttentionBackend):
         event = self._planned.setdefault(id(wrapper), torch.cuda.Event())
         event.record()
 
-    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, bufs: AttentionBuffers) -> Tensor:
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, bufs: AttentionBuffers,
+                prep: QKPrep | None = None) -> Tensor:
         if self._plan is None:
             raise RuntimeError("FlashInferAttentionBackend.forward called before plan()")
         cache = self.kv_caches[layer]
-        self._write_kv(cache, k, v, bufs.slot_mapping[: q.shape[0]])
+        q = self._write_kv(cache, q, k, v, bufs.slot_mapping[: q.shape[0]], prep)
         if self._plan.is_decode:
             return self._active_decode.run(q, cache)
         wrapper, out = self._active_prefill

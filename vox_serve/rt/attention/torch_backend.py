@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from vox_serve.rt.attention.base import AttentionBackend, AttentionBuffers, AttentionPlan, PlanInputs
+from vox_serve.rt.attention.kv_write import QKPrep
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
@@ -81,11 +82,12 @@ class TorchAttentionBackend(AttentionBackend):
             self._prefill_seqs.append((start, start + qo_len, num_pages, mask))
             start += qo_len
 
-    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, bufs: AttentionBuffers) -> Tensor:
+    def forward(self, layer: int, q: Tensor, k: Tensor, v: Tensor, bufs: AttentionBuffers,
+                prep: QKPrep | None = None) -> Tensor:
         if self._plan is None:
             raise RuntimeError("TorchAttentionBackend.forward called before plan()")
         cache = self.kv_caches[layer]
-        self._write_kv(cache, k, v, bufs.slot_mapping[: q.shape[0]])
+        q = self._write_kv(cache, q, k, v, bufs.slot_mapping[: q.shape[0]], prep)
         if self._plan.is_decode:
             return self._decode(cache, q, bufs)
         return self._prefill(cache, q, bufs)
