@@ -114,8 +114,6 @@ def prepare_engine(program: Program, config: VoxConfig, engine_id: int) -> Engin
     """Give a freshly loaded program its state, KV cache and (on a GPU) its CUDA graphs. A disaggregated
     engine's codec half keeps the placeholder KV cache: it runs no LM stage."""
     on_cuda = program.device.type == "cuda"
-    if on_cuda:  # cuDNN times its algorithms per shape at warm-up (the graphs keep them): its default choice
-        torch.backends.cudnn.benchmark = True  # for the codecs' dilated convs was 2x slower (H200, Qwen3 codec)
     _attention(program, config, PLACEHOLDER_PAGES)
     program.setup(engine_limits(program, config, PLACEHOLDER_PAGES))
     buckets = {s: b for s, b in stage_buckets(program).items() if program.half.runs(s)}

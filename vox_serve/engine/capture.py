@@ -79,23 +79,13 @@ def make_writer(program: Program, buckets: dict[Stage, list[int]], captured_pref
 
 
 def warm_up(program: Program, buckets: dict[Stage, list[int]]) -> int:
-    """Run every stage eagerly at its largest bucket (and the program's eager work), twice; returns the
-    activation peak in bytes above what was allocated before, of the second pass: the first is where cuDNN
-    times its convolution algorithms (`cudnn.benchmark`), whose trial workspaces (50 GB for SNAC at 256
-    windows on an H200) are freed after it and must not be counted against the KV cache."""
+    """Run every stage eagerly at its largest bucket (and the program's eager work); returns the
+    activation peak in bytes above what was allocated before."""
     dev = program.device
     writer = make_writer(program, buckets, captured_prefill=program.attention.prefill_graphs)
-    _run_every_stage(program, writer, buckets)
     torch.cuda.synchronize(dev)
-    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev)
-    _run_every_stage(program, writer, buckets)
-    torch.cuda.synchronize(dev)
-    return torch.cuda.max_memory_allocated(dev) - base
-
-
-def _run_every_stage(program: Program, writer: StepWriter, buckets: dict[Stage, list[int]]) -> None:
     with torch.inference_mode():
         for stage in CAPTURE_ORDER:
             if stage in buckets:
@@ -103,6 +93,8 @@ def _run_every_stage(program: Program, writer: StepWriter, buckets: dict[Stage, 
                 launch = prepare_launch(program, writer, stage, bucket)
                 program.run_stage(stage, bucket, launch.num_seqs)
         program.warm_up_eager()
+    torch.cuda.synchronize(dev)
+    return torch.cuda.max_memory_allocated(dev) - base
 
 
 class StageGraphs:
