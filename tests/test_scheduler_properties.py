@@ -42,7 +42,7 @@ def _check_pools(scheduler, worker) -> None:  # noqa: ANN001
     scheduler.pool.check()
     scheduler.table.pool.check()
     held = set(scheduler.pool.owners())
-    alive = {r.req_id for r in scheduler.running} | set(scheduler._free_later)
+    alive = {r.req_id for r in scheduler.running} | scheduler.pages.held_back
     assert held <= alive, f"pages held by requests that are not running: {held - alive}"
 
 
@@ -77,7 +77,7 @@ def test_every_request_finishes_with_all_its_audio_and_nothing_leaks(
     scheduler = sim.scheduler
     assert not scheduler.requests and not scheduler.running and not scheduler.draining and not scheduler.waiting
     assert scheduler.pool.num_free == scheduler.pool.num_usable, "KV pages leaked"
-    assert not scheduler._free_later
+    assert not scheduler.pages.held_back
     assert scheduler.table.num_free == scheduler.table.num_slots, "request slots leaked"
 
 

@@ -9,7 +9,7 @@ in the slot table (`core/slot_table.py`), so the decode batch and the step's res
 with array operations, and Python runs per request only on events (admission, a new KV page, a
 stop, a ready chunk).
 KV pages: admission reserves the prompt's pages; decoding extends a request page by page (a page per
-KV stream, for programs with paired rows: `ProgramLayout.kv_streams`). When a
+KV stream, for programs with paired rows: `ProgramLayout.kv_streams`; the books are kv_pages.py's). When a
 decode finds no free page, the most recently admitted request is preempted: its pages are freed,
 it keeps its slot (its tokens and audio stay on the device), and it returns to the front of the
 queue to recompute its KV when pages free up. Requests in the step being planned, or in a step
@@ -42,10 +42,11 @@ from vox_serve.config import SchedulerConfig
 from vox_serve.core.chunks import ChunkGeometry
 from vox_serve.core.meta import EngineLimits, ProgramMeta
 from vox_serve.core.page_pool import PagePool
-from vox_serve.core.plan import LmLaunch, PageUpdates, StepPlan, StepResult
+from vox_serve.core.plan import LmLaunch, StepPlan, StepResult
 from vox_serve.core.request import OutKind, Request, RequestStatus
 from vox_serve.core.slot_table import SlotState, SlotTable
 from vox_serve.scheduler.chunk_plan import ChunkPlanner
+from vox_serve.scheduler.kv_pages import KvPages
 from vox_serve.scheduler.rows import PrefillRows, decode_launch, slot_init
 from vox_serve.scheduler.text_input import extend, waits_for_text
 
@@ -55,10 +56,6 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 _IS_STOP = np.array([kind.stops for kind in sorted(OutKind)])
 _IS_AUDIO = np.array([kind.is_audio for kind in sorted(OutKind)])
 _IS_TOKEN = np.array([kind is not OutKind.STOP for kind in sorted(OutKind)], dtype=np.int64)  # counts as generated
-
-
-def _joined(parts: tuple[np.ndarray, ...]) -> np.ndarray:
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 class QueueFull(RuntimeError):
@@ -96,12 +93,11 @@ class Scheduler:
         self.notes: list[str] = []  # step-level decisions (for traces)
         self.on_release: Callable[[Request], None] | None = None  # called before a request's slot is freed
         self._flights: dict[int, Flight] = {}
-        self._free_later: dict[str, int] = {}  # ended request -> the step in flight that still writes its pages
         self._planned = np.zeros(limits.slots, dtype=np.bool_)  # slots with an LM row in the plan being made
         self._running = _EMPTY  # running slots in admission order, at the start of the plan being made
         self._running_changes = 0  # the table's `changes` when _running was taken
-        self._pages: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (slot, index, page) of the plan
         self._admits: list = []
+        self.pages = KvPages(self.pool, self.table, limits)
         self.chunks = ChunkPlanner(self.table, self.geometry, meta.stateful_codec, limits.max_codec_batch)
         self._codes_of = _IS_AUDIO * meta.codes_per_step  # out kind -> codes the row adds
 
@@ -192,15 +188,15 @@ class Scheduler:
         self._planned[:] = False
         self._running = self.table.slots_in(SlotState.RUNNING)
         self._running_changes = self.table.changes
-        self._pages, self._admits = [], []
+        self._admits = []
+        self.pages.start()
         self.chunks.start()
         self.select_codec()
         codec = self.chunks.rows.launch()
         prefill = self.select_prefill().launch()
         decode = self.select_decode()
-        pages = PageUpdates(*(_joined(column).astype(np.int32) for column in zip(*self._pages, strict=True))
-                            ) if self._pages else PageUpdates.empty()
-        plan = StepPlan(self.step_id, admits=self._admits, pages=pages, codec=codec, prefill=prefill, decode=decode)
+        plan = StepPlan(self.step_id, admits=self._admits, pages=self.pages.updates(), codec=codec, prefill=prefill,
+                        decode=decode)
         self._record_flight(plan)
         return plan
 
@@ -365,41 +361,11 @@ class Scheduler:
         if n < todo and budget < self.limits.max_prefill_tokens:
             return False  # chunk long prompts only when they have the step's whole budget
         start = req.num_computed
-        if not self._reserve(req, start + n):
+        if not self.pages.reserve(req, start + n):
             return False
         rows.add(req, start, n, sample=n == todo)
         self._mark_row(req, start + n, sample=n == todo)
         return True
-
-    def _reserve(self, req: Request, kv_len: int) -> bool:
-        """Grow req's KV pages to hold kv_len tokens, recording the page-table entries for the engine."""
-        if not self.pool.can_reserve(req.req_id, kv_len):
-            return False
-        have = self.pool.num_blocks(req.req_id)
-        new = np.asarray(self.pool.reserve(req.req_id, kv_len)).reshape(-1, self.limits.kv_streams)
-        slot = req.slot
-        self._add_pages(np.full(len(new), slot), np.arange(have, have + len(new)), new)
-        self.table.capacity[slot] = (have + len(new)) * self.pool.page_size
-        return True
-
-    def _one_page_each(self, slots: np.ndarray) -> None:
-        """The next page (a page per KV stream) of each slot's request, all at once (there are enough free pages)."""
-        if not len(slots):
-            return
-        t, ps = self.table, self.pool.page_size
-        pages = np.asarray(self.pool.extend_each(t.req_ids[slots].tolist())).reshape(-1, self.limits.kv_streams)
-        self._add_pages(slots, t.capacity[slots] // ps, pages)
-        t.capacity[slots] += ps
-
-    def _add_pages(self, slots: np.ndarray, blocks: np.ndarray, pages: np.ndarray) -> None:
-        """Page-table entries of the plan: block b of slot s (pages [n, kv_streams]); stream j's page of
-        block b goes to column j * max_pages_per_seq + b of the slot's row."""
-        streams = self.limits.kv_streams
-        if streams == 1:
-            self._pages.append((slots, blocks, pages[:, 0]))
-            return
-        columns = blocks[:, None] + self.limits.max_pages_per_seq * np.arange(streams)
-        self._pages.append((np.repeat(slots, streams), columns.reshape(-1), pages.reshape(-1)))
 
     # ---- decode --------------------------------------------------------------------------
     def decode_candidates(self) -> np.ndarray:
@@ -447,7 +413,7 @@ class Scheduler:
             needs = (t.num_computed[block] + 1 > t.capacity[block]).nonzero()[0]
             self._planned[block] = True  # protected from preemption, unless a page is found missing below
             if len(needs) * self.limits.kv_streams <= self.pool.num_free:  # no preemption: one allocation for all
-                self._one_page_each(block[needs])
+                self.pages.one_each(block[needs])
                 chosen.append(block)  # every row keeps its place (all running, none preempted)
                 room -= len(block)
                 continue
@@ -467,7 +433,7 @@ class Scheduler:
         t = self.table
         if t.state[req.slot] != SlotState.RUNNING:
             return False  # preempted for an earlier row
-        while not self._reserve(req, req.num_computed + 1):
+        while not self.pages.reserve(req, req.num_computed + 1):
             self._planned[later] = False
             victim = next((r for r in reversed(self.running)
                            if not self._planned[r.slot] and not self.lm_in_flight(r.slot)), None)
@@ -506,7 +472,7 @@ class Scheduler:
         if plan.codec:
             self._on_audio(plan.codec.req_ids, result.pcm, now)
         self._retire_drained()
-        self._free_landed_pages()
+        self.pages.free_landed(self._flights)
 
     def _apply(self, slots: np.ndarray, occupancy: np.ndarray, sample: np.ndarray | None, kinds: np.ndarray,
                now: float, changes: int) -> None:
@@ -584,7 +550,7 @@ class Scheduler:
             req = self.requests.get(req_id)
             if req is not None:
                 self._end(req, RequestStatus.FAILED, "error", error)
-        self._free_landed_pages()
+        self.pages.free_landed(self._flights)
 
     def _end(self, req: Request, status: RequestStatus, reason: str | None, error: str | None = None) -> None:
         if req.slot is not None and self.on_release is not None:
@@ -603,12 +569,6 @@ class Scheduler:
             req.sink(req, None, True)
 
     def _free_pages(self, req: Request) -> None:
-        if req.slot is not None and self.lm_in_flight(req.slot):
-            self._free_later[req.req_id] = int(self.table.lm_step[req.slot])
-        else:
-            self.pool.free(req.req_id)
-
-    def _free_landed_pages(self) -> None:
-        for req_id in [r for r, step in self._free_later.items() if step not in self._flights]:
-            self.pool.free(req_id)
-            del self._free_later[req_id]
+        """req's pages back to the pool, or once the step in flight that still writes them lands."""
+        writing = req.slot is not None and self.lm_in_flight(req.slot)
+        self.pages.free(req, int(self.table.lm_step[req.slot]) if writing else None)
