@@ -68,7 +68,8 @@ def test_audio_starts_before_the_text_ends_and_equals_the_text_sent_whole(server
     for piece in PIECES[1:]:
         time.sleep(0.7)
         send(server, session, "text", text=piece)
-    time.sleep(0.7)
+    # Audio must start from the text sent so far: a server that waited for "end" would time out here.
+    wait_until(lambda: reader.first_audio_at is not None, 60.0)
     end_sent_at = time.monotonic()
     send(server, session, "end")
     reader.join(60.0)

@@ -89,7 +89,7 @@ def test_killed_replica_fails_its_streams_promptly_and_recovers(server: Server) 
     assert "replica 0" in body["reason"] and "SIGKILL" in body["reason"]
     victim.join(5.0)
     assert isinstance(victim.error, httpx.RemoteProtocolError), victim.error  # cut off, not ended cleanly
-    assert victim.ended_at - killed_at < 1.0
+    assert victim.ended_at - killed_at < 5.0  # at once, not after the 30 s client timeout
     before = survivor.received
     wait_until(lambda: survivor.received > before + 4096, 10.0)  # replica 1 keeps streaming
     assert survivor.error is None
@@ -120,7 +120,7 @@ def test_killed_replica_fails_a_whole_request_with_503(server: Server) -> None:
     response = result["response"]
     assert response.status_code == 503 and response.headers["retry-after"]
     assert error_of(response)["type"] == "replica_died"
-    assert result["at"] - killed_at < 1.0
+    assert result["at"] - killed_at < 5.0  # at once, not after the 30 s client timeout
     wait_until(lambda: server.health()[0] == 200, 60.0)
     _both_replicas_serve(server)
 
