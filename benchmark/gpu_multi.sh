@@ -10,6 +10,9 @@
 # Usage (repo root): bash benchmark/gpu_multi.sh
 #   GPUS (default: nvidia-smi's count), RATES_ORPHEUS / RATES_QWEN (comma-separated requests per second),
 #   NUM_REQUESTS, MAX_TOKENS, TTFA_TARGET_S (default 1.0); ONLY=dp|disagg runs one of the two parts.
+# ONLY=rust instead runs the Rust runtime's bench mode (benchmark/gpu_runtimes.sh, Orpheus, rates and 256 at
+# once) with --dp-size 1, 2 (and 4), and --codec-gpu: 1 LM replica + the codec GPU on 2 GPUs, 3 + 1 on 4;
+# RUST_PARTS (default "rates offline") and ORPHEUS_RATES / ORPHEUS_N pass through.
 # Time: each configuration starts a server (1-2 min with graph capture) and sweeps its rates
 # (NUM_REQUESTS per rate): about 4-6 min each; 6 configurations on 2 GPUs, 7 on 4. Keep a call within
 # the device tool's limits by running ONLY=dp and ONLY=disagg in separate calls.
@@ -42,6 +45,23 @@ if [ "$ONLY" = all ] || [ "$ONLY" = disagg ]; then
   run qwen3_dp1 qwen3-tts "$RATES_QWEN"
   run qwen3_dp2 qwen3-tts "$RATES_QWEN" --dp-size 2
   run qwen3_disagg qwen3-tts "$RATES_QWEN" --enable-disaggregation
+fi
+
+if [ "$ONLY" = rust ]; then
+  rust_bench() {  # TAG RS_EXTRA...
+    local tag=$1; shift
+    TAG=$tag RS_EXTRA="$*" RUNTIMES=rust MODELS=orpheus PARTS="${RUST_PARTS:-rates offline}" \
+      ORPHEUS_RATES=${ORPHEUS_RATES:-8,16,24} bash benchmark/gpu_runtimes.sh
+  }
+  rust_bench dp1
+  rust_bench dp2 --dp-size 2
+  if [ "$GPUS" -ge 4 ]; then
+    rust_bench dp4 --dp-size 4
+    rust_bench codecgpu3 --dp-size 3 --codec-gpu 3
+  else
+    rust_bench codecgpu1 --dp-size 1 --codec-gpu 1
+  fi
+  exit 0
 fi
 
 python3 - "$OUT" "$TTFA_TARGET_S" <<'PY' | tee "$OUT/multi_summary.txt"

@@ -17,8 +17,9 @@
 # rates ~2.5 min per runtime (arrivals span 24+16+12+8 s, each request then runs ~15 s), offline ~1 min;
 # Qwen3-TTS rates ~1 min per runtime. Other knobs: ORPHEUS_RATES, ORPHEUS_N, QWEN_RATES, QWEN_N, OFFLINE_N,
 # MAX_BATCH (decode and codec batch, 256), PY_EXTRA (Python runtime flags, default --async-scheduling, as
-# the HTTP results were served), TIMEOUT (s per process, 280: two fit in one call; the JSON is rewritten after
-# every phase, so a process stopped by it keeps the phases it finished).
+# the HTTP results were served), RS_EXTRA (Rust runtime flags, e.g. --dp-size 2), TAG (appended to every output
+# name), TIMEOUT (s per process, 280: two fit in one call; the JSON is rewritten after every phase, so a process
+# stopped by it keeps the phases it finished).
 # Dry run on CPU with the tiny models (seconds): DEVICE=cpu MODEL_SUFFIX=-tiny ORPHEUS_TOKENS=42 QWEN_FRAMES=24
 #   ORPHEUS_N=3 QWEN_N=3 OFFLINE_N=4 ORPHEUS_RATES=20,40 QWEN_RATES=20 MAX_BATCH=8 PY_EXTRA= bash benchmark/gpu_runtimes.sh
 set -uo pipefail
@@ -36,10 +37,12 @@ print(next(n.value.value for n in tree.body if isinstance(n, ast.Assign) and n.t
 
 bench() {  # runtime model part requests rates extra...: one bench-mode process; prints its summaries
   local runtime=$1 model=$2 part=$3 n=$4 rates=$5; shift 5
-  local name="${model}_${part}_${runtime}" args=()
+  local name="${model}_${part}_${runtime}${TAG:+_$TAG}" args=()
   [ -n "$rates" ] && args+=(--bench-rate "$rates")
-  # shellcheck disable=SC2206  # PY_EXTRA is a list of flags
+  # shellcheck disable=SC2206  # PY_EXTRA / RS_EXTRA are lists of flags
   [ "$runtime" = python ] && args+=($PY_EXTRA)
+  # shellcheck disable=SC2206
+  [ "$runtime" = rust ] && args+=(${RS_EXTRA:-})
   timeout "${TIMEOUT:-280}" python3 -m vox_serve.launch --runtime "$runtime" --model "$model$MODEL_SUFFIX" \
     --load-format dummy --device "$DEVICE" --max-batch-size "$MAX_BATCH" --max-codec-batch "$MAX_BATCH" \
     --bench-requests "$n" --bench-text "$BENCH_TEXT" --bench-json "$OUT/$name.json" "${args[@]}" "$@" > "$OUT/$name.log" 2>&1

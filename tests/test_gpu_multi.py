@@ -98,3 +98,24 @@ def test_dp2_serves_on_two_gpus(tmp_path: Path) -> None:
         assert len({len(parse_wav(r.content).pcm) for r in responses}) == 1  # 35 tokens of audio each
         wait_until(server.pools_full, 10.0)
 
+
+
+def _two_requests(out: Path, *extra: str) -> dict[str, bytes]:
+    """The WAVs of two greedy Rust bench requests (orpheus-tiny, CUDA graphs)."""
+    cmd = [sys.executable, "-m", "vox_serve.launch", "--runtime", "rust", "--model", "orpheus-tiny", "--device", "cuda",
+           "--bench-requests", "2", "--greedy", "--bench-out", str(out), "--bench-kwargs",
+           '{"max_tokens": 70, "ignore_eos": true}', *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {f.name: f.read_bytes() for f in sorted(out.glob("*.wav"))}
+
+
+@pytest.mark.parametrize("extra", [("--dp-size", "2"), ("--dp-size", "2", "--codec-gpu", "1")],
+                         ids=["dp2", "dp2-codec-gpu1"])
+def test_rust_replicas_on_two_gpus_make_the_serial_audio(tmp_path: Path, extra: tuple[str, ...]) -> None:
+    """Replica 0 on cuda:0 and replica 1 on cuda:1, each running one of the two requests (with --codec-gpu 1 both
+    codec halves on cuda:1, taking turns on the lane): the audio of one GPU running them one at a time."""
+    require_rt()
+    serial = _two_requests(tmp_path / "serial", "--max-batch-size", "1", "--max-codec-batch", "1")
+    assert list(serial) == ["bench-000.wav", "bench-001.wav"]
+    assert _two_requests(tmp_path / "replicas", *extra) == serial

@@ -9,7 +9,7 @@ import torch
 
 from vox_serve.config import EngineConfig, ModelConfig, ServerConfig, VoxConfig
 from vox_serve.engine.disagg import codec_device_of
-from vox_serve.scheduler_entry import replica_config
+from vox_serve.engine.placement import replica_config
 
 
 def _gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:

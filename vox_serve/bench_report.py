@@ -18,6 +18,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,7 @@ class BenchOutcome:
     req_id: str
     offset: float  # its scheduled arrival
     streaming: bool = True
+    replica: int = 0  # the replica that served it (Rust runtime, --dp-size)
     admitted: float | None = None  # when the scheduler queued it (None: refused)
     chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, samples) per audio chunk
     pcm: bytes | bytearray = field(default_factory=bytearray)  # bytes from the Rust runtime
@@ -134,6 +136,9 @@ class BenchRecorder:
         summary = summarize([o.trace() for o in outcomes], self.sample_rate)
         audio = sum(len(o.pcm) for o in outcomes) / 2 / self.sample_rate
         print(summary_line(summary))
+        if self.config.server.dp_size > 1:
+            served = Counter(o.replica for o in outcomes)
+            print("replicas: " + ", ".join(f"{r}: {served[r]} requests" for r in range(self.config.server.dp_size)))
         print(f"total audio {audio:.2f}s in {wall:.2f}s wall: RTF {audio / wall:.2f}x real time"
               f" ({len(outcomes)} requests)", flush=True)
         self.num_failed += sum(o.error is not None for o in outcomes)
@@ -162,7 +167,7 @@ class BenchRecorder:
                 write_wav(self.out_dir / f"{o.req_id}.wav", bytes(o.pcm), self.sample_rate)
 
     def _request_json(self, o: BenchOutcome) -> dict[str, Any]:
-        return {"req_id": o.req_id, "offset_s": o.offset, "admitted_s": o.admitted,
+        return {"req_id": o.req_id, "replica": o.replica, "offset_s": o.offset, "admitted_s": o.admitted,
                 "first_audio_s": o.chunks[0][0] if o.chunks else None, "ttfa_s": o.ttfa, "finished_s": o.finished,
                 "audio_s": len(o.pcm) / 2 / self.sample_rate, "num_chunks": len(o.chunks),
                 "viability": viability(o.chunks, self.sample_rate), "tokens": o.num_generated,

@@ -159,7 +159,9 @@ FLAGS: tuple[Flag, ...] = (
     _f("--urgent-lane", action="store_true", **RUST_LATER, help="high-priority codec lane"),
     _f("--lm-segments", default=None, **RUST_LATER, help="depth or layers:<k>"),
     _f("--gate", action="store_true", **RUST_LATER, help="gate segments on codec batches"),
-    _f("--codec-gpu", type=int, default=None, **RUST_LATER, help="GPU of every replica's codec"),
+    _f("--codec-gpu", type=int, default=None, runtimes=RUST_ONLY,
+       help="GPU of every replica's codec: replica i's LM on GPU i, its codec half on GPU G, the replicas' codec "
+            "batches taking turns on one lane (earliest deadline first)"),
     _f("--codec-sms", type=int, default=None, **RUST_LATER, help="SMs of the shared codec partition"),
     _f("--prompt-builder", default=None, choices=["rust", "python"], runtimes=RUST_ONLY,
        help="rust (default where the model's spec allows): prompts built in Rust; python: the program's preprocess"),
@@ -251,13 +253,13 @@ def check_flags(given: dict[str, Any], runtime: str, rust_missing: bool) -> tupl
             raise CliError(f"{name} is not implemented yet in the {runtime} runtime; the {others} runtime serves it "
                            f"(--runtime {others})")
         kept[dest] = value
-    _check_values(kept)
+    _check_values(kept, runtime)
     return kept, warnings
 
 
-def _check_values(kept: dict[str, Any]) -> None:
+def _check_values(kept: dict[str, Any], runtime: str) -> None:
     _check_scheduler(kept)
-    _check_server_values(kept)
+    _check_server_values(kept, runtime)
     for dest in ("page_size", "max_batch_size", "max_prefill_tokens", "max_prefill_seqs", "max_codec_batch"):
         if dest in kept and kept[dest] < 1:
             raise CliError(f"--{dest.replace('_', '-')} must be >= 1")
@@ -331,14 +333,16 @@ def _check_bench_kwargs(text: str) -> None:
         raise CliError("--bench-kwargs must be a JSON object")
 
 
-def _check_server_values(kept: dict[str, Any]) -> None:
+def _check_server_values(kept: dict[str, Any], runtime: str) -> None:
     dp_size = kept.get("dp_size", 1)
     if dp_size < 1:
         raise CliError("--dp-size must be >= 1")
-    if dp_size > 1 and kept.get("bench_requests", 0) > 0:
-        raise CliError("--bench-requests runs one replica; drop --dp-size")
+    if dp_size > 1 and kept.get("bench_requests", 0) > 0 and runtime == PY:
+        raise CliError("--bench-requests runs one replica in the Python runtime (its --dp-size serves HTTP); the "
+                       "Rust runtime runs a data-parallel bench (--runtime rust)")
     if dp_size > 1 and kept.get("device", "auto").startswith("cuda:"):
         raise CliError(f"--device {kept['device']} names one GPU; --dp-size {dp_size} uses GPUs 0..{dp_size - 1}")
+    _check_codec_gpu(kept)
     for dest in ("request_timeout_s", "max_upload_mb", "header_timeout_s", "body_timeout_s",
                  "session_idle_timeout_s"):
         if dest in kept and not kept[dest] > 0:
@@ -354,6 +358,19 @@ def _check_server_values(kept: dict[str, Any]) -> None:
         raise CliError(f"--port {kept['port']}: must be 1 to 65535")
     if kept.get("api_key") is not None and not kept["api_key"].strip():
         raise CliError("--api-key must not be empty")
+
+
+def _check_codec_gpu(kept: dict[str, Any]) -> None:
+    gpu = kept.get("codec_gpu")
+    if gpu is None:
+        return
+    if gpu < 0:
+        raise CliError(f"--codec-gpu {gpu}: a GPU index is >= 0")
+    if kept.get("enable_disaggregation"):
+        raise CliError("--codec-gpu puts every replica's codec on one GPU and --enable-disaggregation gives each "
+                       "replica a codec GPU of its own: use one of them")
+    if kept.get("device", "auto").startswith("cuda:"):
+        raise CliError(f"--device {kept['device']} names one GPU; with --codec-gpu replica i's LM runs on GPU i")
 
 
 def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
@@ -375,7 +392,8 @@ def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
             deadline_prefill_ms=v["deadline_prefill_ms"],
         ),
         engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"], v["enable_nvtx"],
-                            prompt_builder=v["prompt_builder"], enable_disaggregation=v["enable_disaggregation"]),
+                            prompt_builder=v["prompt_builder"], enable_disaggregation=v["enable_disaggregation"],
+                            codec_gpu=v["codec_gpu"]),
         bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"],
                           audio=v["bench_audio"], rates=parse_bench_rates(v["bench_rate"]), json_path=v["bench_json"]),
         server=ServerConfig(

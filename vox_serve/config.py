@@ -113,6 +113,12 @@ class EngineConfig:
     enable_nvtx: bool = False  # NVTX ranges around stage launches and scheduling (for nsys)
     prompt_builder: str | None = None  # Rust runtime: "python" builds prompts with the program's preprocess
     enable_disaggregation: bool = False  # the LM on one device, the codec on the next (engine/disagg.py)
+    codec_gpu: int | None = None  # Rust runtime: every replica's codec half on this GPU (engine/placement.py)
+
+    @property
+    def splits(self) -> bool:
+        """Whether each replica's engine is split into an LM half and a codec half (engine/disagg.py)."""
+        return self.enable_disaggregation or self.codec_gpu is not None
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """What the Rust runtime (`vox_serve._rt.serve`) calls in Python, all off the step path except on CPU.
 
 Start-up: `build_engine_spec` builds the engine of one replica in this interpreter and returns its
-spec (JSON). Requests: `bench_requests` builds a bench phase's requests with the program's own prompt
-builder (`--prompt-builder python`; Qwen3-TTS Base's reference-audio encoder runs here too) as plain
-data. After each phase the Rust side hands its outcomes to `bench_recorder`'s report (bench_report.py).
+spec (JSON); with `--dp-size N` it is called once per replica. Requests: `bench_requests` builds a
+bench phase's requests with the program's own prompt builder (`--prompt-builder python`; Qwen3-TTS
+Base's reference-audio encoder runs here too) as plain data. After each phase the Rust side hands
+its outcomes to `bench_recorder`'s report (bench_report.py).
 Launches: on a CPU device a stage's handle is a callable and attention is planned by the
 torch backend through the spec's planner handle; `stage_runner` and `attention_planner` resolve
 them into functions of plain arguments.
@@ -28,12 +29,14 @@ from vox_serve.progress import Progress
 from vox_serve.request_builder import FieldError
 
 
-def build_engine_spec(config_json: str) -> str:
-    """The spec of a built engine for this config (the engine stays registered for the process)."""
+def build_engine_spec(config_json: str, replica: int = 0) -> str:
+    """The spec of replica `replica`'s engine, built for this config on its device (engine/placement.py);
+    the engine stays registered for the process."""
     from vox_serve.bench import build_engine_shown, set_cpu_threads
+    from vox_serve.engine.placement import replica_config
 
     t0 = time.perf_counter()
-    config = VoxConfig.from_dict(json.loads(config_json))
+    config = replica_config(VoxConfig.from_dict(json.loads(config_json)), replica)
     set_cpu_threads(config)
     program, spec = build_engine_shown(config, Progress())
     print(f"model {program.meta.name} ready in {time.perf_counter() - t0:.1f}s", file=sys.stderr)

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import zmq
@@ -32,6 +32,7 @@ import zmq
 from vox_serve import ipc
 from vox_serve.config import VoxConfig
 from vox_serve.core.request import Request, RequestStatus, SamplingParams, TextFeed
+from vox_serve.engine.placement import replica_config
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.prompt_pool import PromptPool
 from vox_serve.request_builder import FieldError, Preprocess, make_prompt, new_request, request_fields
@@ -498,26 +499,6 @@ def serve(service: SchedulerService, conn: Connection, parent_pid: int, heartbea
 
 def _with_voice(preprocess: Preprocess, voice: VoicePrompt) -> Preprocess:
     return lambda clean: preprocess({**clean, SAVED_VOICE_FIELD: voice})
-
-
-def replica_config(config: VoxConfig, replica: int) -> VoxConfig:
-    """The config of one replica: replica i runs on GPU i, or with --enable-disaggregation on the pair of GPUs
-    2i (its LM) and 2i + 1 (its codec; engine/disagg.py); CPU replicas share the CPU."""
-    device, dp_size = config.model.device, config.server.dp_size
-    if device == "cpu" or device.startswith("cuda:"):
-        return config
-    import torch
-
-    per_replica = 2 if config.engine.enable_disaggregation else 1
-    needed, visible = dp_size * per_replica, torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device == "auto" and not visible:
-        device = "cpu"
-    elif visible < needed:
-        what = " (an LM GPU and a codec GPU each: --enable-disaggregation)" if per_replica == 2 else ""
-        raise RuntimeError(f"--dp-size {dp_size} needs {needed} GPUs{what}; {visible} visible")
-    else:
-        device = f"cuda:{replica * per_replica}"
-    return replace(config, model=replace(config.model, device=device))
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:

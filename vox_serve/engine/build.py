@@ -181,11 +181,11 @@ def build_engine(config: VoxConfig) -> dict[str, Any]:
 
 def engine_of_program(program: Program, config: VoxConfig, report: bool = True) -> dict[str, Any]:
     """`build_engine` for a program already loaded (tests load theirs from a reference checkpoint). With
-    `--enable-disaggregation`, the spec of a disaggregated engine (`engine/disagg.py`)."""
+    `--enable-disaggregation` or `--codec-gpu`, the spec of a disaggregated engine (`engine/disagg.py`)."""
     from vox_serve.engine.registry import register
     from vox_serve.engine.spec import engine_spec
 
-    if config.engine.enable_disaggregation and program.half is EngineHalf.WHOLE:
+    if config.engine.splits and program.half is EngineHalf.WHOLE:
         from vox_serve.engine.disagg import disaggregated_spec
 
         return disaggregated_spec(program, config)

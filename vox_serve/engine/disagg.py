@@ -15,8 +15,9 @@ CPU: an explicit copy between the two arenas); the codec half decodes them. Admi
 halves: the LM half keeps sampling parameters and pages, the codec half the seed and declared slot fields
 its codec reads, and resets and primes the codec state.
 
-Devices: the codec runs on the GPU after the LM's (`cuda:k` -> `cuda:k+1`; replica i of `--dp-size` is
-the pair 2i, 2i+1); on a CPU both halves are on the CPU, as two separate engines.
+Devices (engine/placement.py): the codec runs on the GPU after the LM's (`cuda:k` -> `cuda:k+1`; replica i
+of `--dp-size` is the pair 2i, 2i+1), or with `--codec-gpu G` on GPU G for every replica; on a CPU both
+halves are on the CPU, as two separate engines.
 """
 
 from __future__ import annotations
@@ -26,21 +27,16 @@ from typing import Any
 
 import torch
 
-from vox_serve.config import ConfigError, VoxConfig
+from vox_serve.config import VoxConfig
 from vox_serve.core.stages import EngineHalf
 from vox_serve.rt.program import Program
 
 
-def codec_device_of(lm_device: torch.device) -> torch.device:
-    """The codec half's device: the GPU after the LM's, or the CPU for a CPU LM."""
-    if lm_device.type != "cuda":
-        return lm_device
-    index = torch.cuda.current_device() if lm_device.index is None else lm_device.index
-    visible = torch.cuda.device_count()
-    if index + 1 >= visible:
-        raise ConfigError(f"--enable-disaggregation runs the codec on the GPU after the LM's (cuda:{index + 1}); "
-                          f"{visible} GPU(s) visible")
-    return torch.device("cuda", index + 1)
+def codec_device_of(lm_device: torch.device, config: VoxConfig | None = None) -> torch.device:
+    """The codec half's device (engine/placement.py `codec_device`)."""
+    from vox_serve.engine.placement import codec_device
+
+    return torch.device(codec_device(str(lm_device), config or VoxConfig()))
 
 
 def move_module(module: torch.nn.Module, device: torch.device) -> None:
@@ -72,5 +68,5 @@ def disaggregated_spec(program: Program, config: VoxConfig) -> dict[str, Any]:
     """Split `program`, build and register both halves; the pair of their specs."""
     from vox_serve.engine.build import engine_of_program
 
-    lm, codec = split_program(program, codec_device_of(program.device))
+    lm, codec = split_program(program, codec_device_of(program.device, config))
     return {"disaggregated": True, "lm": engine_of_program(lm, config), "codec": engine_of_program(codec, config)}

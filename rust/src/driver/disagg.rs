@@ -13,12 +13,16 @@
 //! ```
 //!
 //! The codec half is queued before the LM half's prefill and decode, so on two GPUs the codec's work
-//! of a step overlaps the LM's. How the bytes cross is a `HandoverCopy`: a peer copy between the
+//! of a step overlaps the LM's. With a codec lane (`--codec-gpu`: the codec halves of every replica
+//! on one GPU, `codec_lane.rs`) the LM half is queued whole first, then the step waits for the lane
+//! if it has codec rows, queues the codec half and, once that half's PCM is back, frees the lane. How the bytes cross is a `HandoverCopy`: a peer copy between the
 //! streams on CUDA (`serve/peer_copy.rs`), a copy between the two arenas' memory on a CPU
 //! (`HostCopy`). The result joins the LM half's out kinds with the codec half's PCM.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
+use super::codec_lane::CodecLane;
 use super::spec::{EngineSpec, Half, Stage};
 use super::worker::{EngineWorker, Launcher, StepHandle};
 use super::writer::{Launch, CODEC_PREFIX};
@@ -110,6 +114,8 @@ pub struct DisaggregatedHandle {
     step_id: i64,
     lm: StepHandle,
     codec: StepHandle,
+    /// The step holds the codec lane until its codec half is collected.
+    holds_lane: bool,
 }
 
 pub struct DisaggregatedWorker<L: Launcher, X: HandoverCopy> {
@@ -117,6 +123,7 @@ pub struct DisaggregatedWorker<L: Launcher, X: HandoverCopy> {
     pub codec: EngineWorker<L>,
     handover: Handover,
     copier: X,
+    lane: Option<Arc<CodecLane>>,
 }
 
 fn check_half(spec: &EngineSpec, half: Half) -> Result<(), String> {
@@ -133,7 +140,19 @@ impl<L: Launcher, X: HandoverCopy> DisaggregatedWorker<L, X> {
         check_half(lm.0, Half::Lm)?;
         check_half(codec.0, Half::Codec)?;
         Ok(DisaggregatedWorker { handover: Handover::new(lm.0, codec.0)?, lm: EngineWorker::new(lm.0, lm.1)?,
-                                 codec: EngineWorker::new(codec.0, codec.1)?, copier })
+                                 codec: EngineWorker::new(codec.0, codec.1)?, copier, lane: None })
+    }
+
+    /// The worker of a replica whose codec half shares `lane` with other replicas' (`--codec-gpu`).
+    pub fn with_lane(mut self, lane: Arc<CodecLane>) -> DisaggregatedWorker<L, X> {
+        self.lane = Some(lane);
+        self
+    }
+
+    fn release_lane(&self, held: bool) {
+        if let (true, Some(lane)) = (held, &self.lane) {
+            lane.release();
+        }
     }
 
     /// The codec half's step, its hand-over copy before its first window launch.
@@ -188,17 +207,36 @@ impl<L: Launcher, X: HandoverCopy> Worker for DisaggregatedWorker<L, X> {
             self.lm.run(&mut lm, index)?;
         }
         self.copier.gathered()?;
-        let codec = self.codec_step(&codec_plan, nbytes)?;
+        let lane = match self.lane.clone() {
+            Some(lane) => lane,
+            None => {
+                let codec = self.codec_step(&codec_plan, nbytes)?;
+                for index in num_head..lm.launches.len() {
+                    self.lm.run(&mut lm, index)?;
+                }
+                self.lm.finish(&lm)?;
+                return Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec, holds_lane: false });
+            }
+        };
         for index in num_head..lm.launches.len() {
             self.lm.run(&mut lm, index)?;
         }
         self.lm.finish(&lm)?;
-        Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec })
+        let holds_lane = !codec_plan.codec.is_empty();
+        if holds_lane {
+            lane.acquire(codec_plan.codec.deadline);
+        }
+        let codec = self.codec_step(&codec_plan, nbytes);
+        if codec.is_err() {
+            self.release_lane(holds_lane);
+        }
+        Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec: codec?, holds_lane })
     }
 
     fn collect(&mut self, handle: DisaggregatedHandle) -> Result<StepResult, String> {
-        let lm = self.lm.collect(handle.lm)?;
-        let codec = self.codec.collect(handle.codec)?;
+        let codec = self.codec.collect(handle.codec);
+        self.release_lane(handle.holds_lane);
+        let (codec, lm) = (codec?, self.lm.collect(handle.lm)?);
         Ok(StepResult { step_id: handle.step_id, prefill_kind: lm.prefill_kind, decode_kind: lm.decode_kind,
                         pcm: codec.pcm, stage_seconds: joined_seconds(lm.stage_seconds, codec.stage_seconds) })
     }

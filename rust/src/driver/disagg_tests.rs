@@ -5,7 +5,9 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
+use super::codec_lane::CodecLane;
 use super::disagg::{split_plan, DisaggregatedWorker, HandoverCopy};
 use super::layout::{ArenaLayout, DType};
 use super::spec::{EngineSpec, Half, Stage};
@@ -110,7 +112,8 @@ fn rows(slots: &[i32]) -> LmLaunch {
 /// A step that admits slot 6 with a codec prefix, decodes one chunk of slot 1 and one token of slot 2.
 fn step() -> StepPlan {
     let codec = CodecLaunch { keys: vec![ReqKey { index: 1, generation: 0 }], slot: vec![1], chunk_index: vec![1],
-                              first_frame: vec![0], window_end: vec![2], num_frames: vec![2], is_last: vec![false] };
+                              first_frame: vec![0], window_end: vec![2], num_frames: vec![2], is_last: vec![false],
+                              deadline: None };
     StepPlan { step_id: 9, admits: vec![admit(6, &[[1, 2]])], codec, decode: rows(&[2]), ..StepPlan::default() }
 }
 
@@ -154,6 +157,26 @@ fn the_codec_half_is_queued_between_the_gathers_and_the_lm_rows() {
     assert_eq!(result.stage_seconds.iter().map(|s| s.0).collect::<Vec<_>>(),
                ["prologue", "handover", "decode", "codec_prologue", "codec_prime", "codec"]);
     assert_eq!((seconds["handover"], seconds["codec"]), (1.0, 2.0));
+}
+
+#[test]
+fn with_a_shared_codec_lane_the_lm_half_goes_first_and_the_lane_is_held_until_the_pcm_is_back() {
+    let (log, mut memory) = (Log::default(), Vec::new());
+    let lane = Arc::new(CodecLane::default());
+    let mut w = worker(&log, &mut memory).with_lane(lane.clone());
+    let handle = w.launch(&step()).unwrap();
+    let want = ["lm upload", "wait copied", "lm prologue", "lm codec", "record gathered", "lm decode", "lm download",
+                "codec upload", "codec prologue", "codec codec_prime", &format!("copy {HANDOVER_BYTES}"), "codec codec",
+                "codec download"];
+    assert_eq!(*log.borrow(), want);
+    assert!(lane.is_held() && lane.grants() == 1);
+    let result = w.collect(handle).unwrap();
+    assert!(!lane.is_held());
+    assert_eq!((result.decode_kind.len(), result.pcm.len()), (1, 1));
+    // a step without codec rows does not wait for the lane
+    let handle = w.launch(&StepPlan { step_id: 10, decode: rows(&[2]), ..StepPlan::default() }).unwrap();
+    assert!(!lane.is_held() && lane.grants() == 1);
+    w.collect(handle).unwrap();
 }
 
 #[test]

@@ -12,8 +12,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use serde_json::Value;
 
-use crate::driver::EngineSpec;
-use crate::sched::engine_loop::{EngineLoop, Worker};
+use std::sync::Arc;
+
+use crate::driver::{CodecLane, EngineSpec};
+use crate::sched::engine_loop::{BoxWorker, EngineLoop, Worker};
 use crate::sched::trace::Tracer;
 use crate::sched::{Clock, Request, Scheduler, SchedulerConfig};
 use crate::serve::bench::{self, Arrival, Outcome};
@@ -32,17 +34,12 @@ fn section<'a>(config: &'a Value, name: &str) -> PyResult<&'a Value> {
     config.get(name).ok_or_else(|| value_err(format!("config.{name} is missing")))
 }
 
-/// Run one phase on a scheduler thread of its own, the caller waiting without the GIL; the loop
-/// comes back for the next phase.
-fn run_on_thread<W: Worker + Send + 'static>(py: Python, mut lp: EngineLoop<W>, arrivals: Vec<Arrival>)
-                                            -> PyResult<(EngineLoop<W>, Vec<Outcome>, f64)> {
-    let thread = std::thread::Builder::new().name("vox-scheduler-0".into())
-        .spawn(move || {
-            let (outcomes, wall) = bench::run(&mut lp, arrivals);
-            (lp, outcomes, wall)
-        })
-        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-    py.allow_threads(move || thread.join()).map_err(|_| PyRuntimeError::new_err("the scheduler thread panicked"))
+/// Run one phase on the replicas' scheduler threads (serve/bench.rs), the caller playing the clients
+/// without the GIL; the loops come back for the next phase.
+#[allow(clippy::type_complexity)]
+fn run_phase<W: Worker + Send + 'static>(py: Python, loops: Vec<Option<EngineLoop<W>>>, arrivals: Vec<Arrival>)
+                                         -> (Vec<Option<EngineLoop<W>>>, Vec<Outcome>, f64) {
+    py.allow_threads(move || bench::run(loops, arrivals))
 }
 
 fn tracer(sched: &SchedulerConfig) -> PyResult<Option<Tracer>> {
@@ -104,9 +101,9 @@ impl Bench<'_> {
         }
     }
 
-    /// Every phase of the run (vox_serve/bench_report.py `bench_phases`) on the same engine loop, each
-    /// reported by the Python recorder when it has drained; the exit status.
-    fn run_phases<W: Worker + Send + 'static>(&self, mut lp: EngineLoop<W>) -> PyResult<i32> {
+    /// Every phase of the run (vox_serve/bench_report.py `bench_phases`) on the same replicas' engine
+    /// loops, each reported by the Python recorder when it has drained; the exit status.
+    fn run_phases<W: Worker + Send + 'static>(&self, mut loops: Vec<Option<EngineLoop<W>>>) -> PyResult<i32> {
         let recorder = self.host.call_method1("bench_recorder", (self.spec.engine_id, self.config_json))?;
         let phases: Vec<&PyAny> = recorder.getattr("phases")?.extract()?;
         let outcome_type = self.py.import("vox_serve.bench_report")?.getattr("BenchOutcome")?;
@@ -123,8 +120,11 @@ impl Bench<'_> {
                 return Err(value_err(format!("phase {k}: {} requests for {} arrivals", reqs.len(), offsets.len())));
             }
             let arrivals = reqs.into_iter().zip(offsets).map(|(req, offset)| Arrival { req, offset }).collect();
-            let (back, outcomes, wall) = run_on_thread(self.py, lp, arrivals)?;
-            lp = back;
+            if loops.iter().all(Option::is_none) {
+                return Err(PyRuntimeError::new_err("every replica has failed"));
+            }
+            let (back, outcomes, wall) = run_phase(self.py, loops, arrivals);
+            loops = back;
             let list = outcomes.iter().map(|o| outcome_object(self.py, outcome_type, o)).collect::<PyResult<Vec<_>>>()?;
             recorder.call_method1("phase_done", (k, list, wall))?;
         }
@@ -132,18 +132,14 @@ impl Bench<'_> {
     }
 }
 
-/// Bench mode's phases on the engine loop of a worker.
-struct Phases<'a> {
-    bench: &'a Bench<'a>,
-    scheduler: Scheduler,
-    trace: Option<Tracer>,
-}
+/// A worker of whatever kind `Engines::build` makes, boxed, so that replicas can be held together.
+struct Boxed;
 
-impl WithWorker for Phases<'_> {
-    type Out = i32;
+impl WithWorker for Boxed {
+    type Out = BoxWorker;
 
-    fn with<W: Worker + Send + 'static>(self, worker: W) -> PyResult<i32> {
-        self.bench.run_phases(EngineLoop::new(self.scheduler, worker, self.trace))
+    fn with<W: Worker + Send + 'static>(self, worker: W) -> PyResult<BoxWorker> {
+        Ok(Box::new(worker))
     }
 }
 
@@ -152,6 +148,7 @@ fn outcome_object(py: Python, outcome_type: &PyAny, o: &Outcome) -> PyResult<PyO
     let kwargs = PyDict::new(py);
     kwargs.set_item("req_id", &o.req.req_id)?;
     kwargs.set_item("offset", o.offset)?;
+    kwargs.set_item("replica", o.replica)?;
     kwargs.set_item("streaming", o.req.streaming)?;
     kwargs.set_item("admitted", o.admitted)?;
     kwargs.set_item("chunks", o.chunks.clone())?;
@@ -163,7 +160,28 @@ fn outcome_object(py: Python, outcome_type: &PyAny, o: &Outcome) -> PyResult<PyO
     Ok(outcome_type.call((), Some(kwargs))?.into_py(py))
 }
 
-/// Serve `config` (VoxConfig.to_dict() as JSON); returns the process's exit status.
+fn server_int(config: &Value, name: &str, default: i64) -> i64 {
+    config.get("server").and_then(|s| s.get(name)).and_then(Value::as_i64).unwrap_or(default)
+}
+
+/// Replica `replica`'s engine loop: its engine built in this interpreter for its device
+/// (vox_serve/rust_host.py `build_engine_spec`), its worker (sharing `lane` with the other
+/// replicas' codec halves, with `--codec-gpu`), scheduler and tracer. Also the spec's JSON.
+fn replica_loop(py: Python, host: &PyModule, config_json: &str, sched: &SchedulerConfig, replica: usize,
+                lane: Option<&Arc<CodecLane>>) -> PyResult<(EngineLoop<BoxWorker>, Value)> {
+    let spec_json: String = host.call_method1("build_engine_spec", (config_json, replica))?.extract()?;
+    let spec_value: Value = serde_json::from_str(&spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
+    let mut engines = Engines::from_json(&spec_value).map_err(value_err)?;
+    engines.lane = lane.cloned();
+    let spec = &engines.planned;
+    let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched.clone(), Clock::Monotonic);
+    let trace = tracer(sched)?;
+    let worker = engines.build(py, host, trace.is_some(), Boxed)?;
+    Ok((EngineLoop::new(scheduler, worker, trace), spec_value))
+}
+
+/// Serve `config` (VoxConfig.to_dict() as JSON); returns the process's exit status. `--dp-size N`
+/// builds N replicas (replica i on GPU i), each with its own engine and scheduler thread.
 #[pyfunction]
 fn serve(py: Python, config_json: &str) -> PyResult<i32> {
     let config: Value = serde_json::from_str(config_json).map_err(|e| value_err(format!("config: {e}")))?;
@@ -174,19 +192,30 @@ fn serve(py: Python, config_json: &str) -> PyResult<i32> {
     }
     let sched = SchedulerConfig::from_json(section(&config, "scheduler")?).map_err(value_err)?;
     let host = py.import("vox_serve.rust_host")?;
-    let spec_json: String = host.call_method1("build_engine_spec", (config_json,))?.extract()?;
-    let spec_value: Value = serde_json::from_str(&spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
-    let engines = Engines::from_json(&spec_value).map_err(value_err)?;
+    let dp_size = server_int(&config, "dp_size", 1).max(1) as usize;
+    let shares_codec = section(&config, "engine")?.get("codec_gpu").map_or(false, |g| !g.is_null());
+    let lane = if shares_codec { Some(Arc::new(CodecLane::default())) } else { None };
+    let mut loops = Vec::new();
+    let mut first_spec = Value::Null;
+    for replica in 0..dp_size {
+        let (lp, spec_value) = replica_loop(py, host, config_json, &sched, replica, lane.as_ref())?;
+        loops.push(Some(lp));
+        if replica == 0 {
+            first_spec = spec_value;
+        }
+    }
+    let engines = Engines::from_json(&first_spec).map_err(value_err)?;
     let spec = &engines.planned;
     let use_rust = config.get("engine").and_then(|e| e.get("prompt_builder")).and_then(Value::as_str) != Some("python");
-    let builder_spec = planned_json(&spec_value).map_err(value_err)?.get("meta").and_then(|m| m.get("prompt_builder"))
+    let builder_spec = planned_json(&first_spec).map_err(value_err)?.get("meta").and_then(|m| m.get("prompt_builder"))
         .cloned().unwrap_or(Value::Null);
     let builder = if use_rust { prompts::builder_of(&builder_spec).map_err(value_err)? } else { None };
     let bench = Bench { py, host, spec, config_json, builder: builder.as_ref(), builder_spec: &builder_spec };
-    let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched.clone(), Clock::Monotonic);
-    let trace = tracer(&sched)?;
-    let time_stages = trace.is_some();
-    engines.build(py, host, time_stages, Phases { bench: &bench, scheduler, trace })
+    let status = bench.run_phases(loops);
+    if let Some(lane) = &lane {
+        eprintln!("vox-serve: the shared codec lane served {} codec batches of {dp_size} replicas", lane.grants());
+    }
+    status
 }
 
 /// benchmark/host_cost.py `--runtime rust`: (seconds per step, decode rows, codec rows) of the Rust
@@ -223,22 +252,6 @@ fn simulate(py: Python, scenario_json: &str) -> PyResult<String> {
     Ok(out.to_string())
 }
 
-/// Requests queued at once on the engine loop of a worker, run until they have all ended.
-struct Drain<'py> {
-    py: Python<'py>,
-    scheduler: Scheduler,
-    arrivals: Vec<Arrival>,
-}
-
-impl WithWorker for Drain<'_> {
-    type Out = Vec<Outcome>;
-
-    fn with<W: Worker + Send + 'static>(self, worker: W) -> PyResult<Vec<Outcome>> {
-        let (_, outcomes, _) = run_on_thread(self.py, EngineLoop::new(self.scheduler, worker, None), self.arrivals)?;
-        Ok(outcomes)
-    }
-}
-
 /// Requests (rust_host.py `_request_data` items, JSON) through the Rust scheduler and driver on a
 /// built engine's spec (one engine, or a disaggregated engine's pair of halves), on a scheduler
 /// thread; per request (req_id, finish reason, error, tokens generated, PCM). For tests that drive a
@@ -260,7 +273,8 @@ fn run_requests(py: Python, spec_json: &str, scheduler_json: &str, requests_json
     let host = py.import("vox_serve.rust_host")?;
     let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched, Clock::Monotonic);
     let arrivals = reqs.into_iter().map(|req| Arrival { req, offset: 0.0 }).collect();
-    let outcomes = engines.build(py, host, false, Drain { py, scheduler, arrivals })?;
+    let worker = engines.build(py, host, false, Boxed)?;
+    let (_, outcomes, _) = run_phase(py, vec![Some(EngineLoop::new(scheduler, worker, None))], arrivals);
     Ok(outcomes.into_iter().map(|o| {
         let pcm = PyBytes::new(py, &o.pcm).into_py(py);
         (o.req.req_id, o.req.finish_reason, o.req.error, o.req.counters.num_generated, pcm)

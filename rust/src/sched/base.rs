@@ -326,6 +326,7 @@ impl Scheduler {
         let mut plan = StepPlan { step_id: self.step_id, ..StepPlan::default() };
         self.select_codec();
         plan.codec = std::mem::take(&mut self.codec_rows).launch();
+        plan.codec.deadline = self.codec_deadline(&plan.codec.keys);
         plan.prefill = self.select_prefill();
         plan.decode = self.select_decode();
         plan.admits = std::mem::take(&mut self.admits);

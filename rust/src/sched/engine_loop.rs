@@ -97,3 +97,39 @@ impl<W: Worker> EngineLoop<W> {
         Some(IDLE_WAIT_S)
     }
 }
+
+/// A worker of any kind behind one type, so that replicas of different engine kinds can be held
+/// together (`--dp-size`): a step is launched and collected in one call, as `EngineLoop::step` does.
+pub trait StepWorker: Send {
+    fn step_timer(&self) -> &'static str;
+    fn run_step(&mut self, plan: &StepPlan) -> Result<StepResult, String>;
+}
+
+impl<W: Worker + Send> StepWorker for W {
+    fn step_timer(&self) -> &'static str {
+        self.timer()
+    }
+
+    fn run_step(&mut self, plan: &StepPlan) -> Result<StepResult, String> {
+        let handle = self.launch(plan)?;
+        self.collect(handle)
+    }
+}
+
+pub type BoxWorker = Box<dyn StepWorker>;
+
+impl Worker for BoxWorker {
+    type Handle = StepResult;
+
+    fn timer(&self) -> &'static str {
+        self.as_ref().step_timer()
+    }
+
+    fn launch(&mut self, plan: &StepPlan) -> Result<StepResult, String> {
+        self.as_mut().run_step(plan)
+    }
+
+    fn collect(&mut self, handle: StepResult) -> Result<StepResult, String> {
+        Ok(handle)
+    }
+}

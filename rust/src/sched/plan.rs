@@ -87,6 +87,10 @@ pub struct CodecLaunch {
     pub window_end: Vec<i32>,
     pub num_frames: Vec<i32>,
     pub is_last: Vec<bool>,
+    /// When the most urgent of its rows' chunks must reach its client (monotonic seconds): a stream's
+    /// playback deadline, or its first-audio deadline before its first chunk; None when no row is of a
+    /// streaming request. A codec lane shared by replicas (`--codec-gpu`) serves the earliest first.
+    pub deadline: Option<f64>,
 }
 
 impl CodecLaunch {

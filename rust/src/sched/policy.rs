@@ -19,6 +19,15 @@ impl Scheduler {
         stats.first_audio.map(|first| first + stats.num_audio_samples as f64 / rate)
     }
 
+    /// The earliest chunk deadline of these requests' streams (playback, or first audio due
+    /// `--deadline-startup-ms` after arrival); None when none of them streams.
+    pub fn codec_deadline(&self, keys: &[ReqKey]) -> Option<f64> {
+        let startup_s = self.config.deadline_startup_ms / 1000.0;
+        keys.iter().filter(|&&k| self.req(k).streaming)
+            .map(|&k| self.playback_deadline(k).unwrap_or(self.req(k).stats.arrival + startup_s))
+            .reduce(f64::min)
+    }
+
     /// When the client starts playing the last chunk it has received; None before the first.
     fn last_chunk_play_start(&self, key: ReqKey) -> Option<f64> {
         let stats = &self.req(key).stats;

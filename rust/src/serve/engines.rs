@@ -4,13 +4,15 @@
 //! worker that drives it (CPU callables or CUDA graphs; one engine or two with the hand-over between
 //! them) and hands it to what runs it.
 
+use std::sync::Arc;
+
 use pyo3::prelude::*;
 use serde_json::Value;
 
 use super::cuda_launcher::CudaLauncher;
 use super::peer_copy::PeerCopy;
 use super::py_launcher::{PyHandles, PyLauncher};
-use crate::driver::{DisaggregatedWorker, EngineSpec, EngineWorker, Half, HostCopy};
+use crate::driver::{CodecLane, DisaggregatedWorker, EngineSpec, EngineWorker, Half, HandoverCopy, HostCopy, Launcher};
 use crate::sched::config::get;
 use crate::sched::engine_loop::Worker;
 
@@ -25,6 +27,8 @@ pub struct Engines {
     pub planned: EngineSpec,
     /// A disaggregated engine's codec half.
     pub codec: Option<EngineSpec>,
+    /// The codec lane that this replica's codec half shares with other replicas' (`--codec-gpu`).
+    pub lane: Option<Arc<CodecLane>>,
 }
 
 fn is_disaggregated(spec: &Value) -> bool {
@@ -44,14 +48,14 @@ impl Engines {
                 return Err(format!("spec: the {} half of a disaggregated engine without its other half",
                                    planned.half.name()));
             }
-            return Ok(Engines { planned, codec: None });
+            return Ok(Engines { planned, codec: None, lane: None });
         }
         let codec = EngineSpec::from_json(get(spec, "spec.", "codec")?)?;
         if planned.on_cuda() != codec.on_cuda() {
             return Err(format!("spec: the LM half on {} and the codec half on {}: both on GPUs or both on the CPU",
                                planned.device, codec.device));
         }
-        Ok(Engines { planned, codec: Some(codec) })
+        Ok(Engines { planned, codec: Some(codec), lane: None })
     }
 
     /// Build the worker (`time_stages`: CUDA events around every launch) and run it with `user`.
@@ -66,7 +70,7 @@ impl Engines {
             }
             (Some(codec), false) => {
                 let halves = ((lm, cpu_launcher(py, host, lm)?), (codec, cpu_launcher(py, host, codec)?));
-                user.with(DisaggregatedWorker::new(halves.0, halves.1, HostCopy).map_err(value_err)?)
+                user.with(self.with_lane(DisaggregatedWorker::new(halves.0, halves.1, HostCopy).map_err(value_err)?))
             }
             (Some(codec), true) => {
                 let (lm_launcher, lm_stream) = cuda_launcher(py, host, lm, time_stages)?;
@@ -74,8 +78,17 @@ impl Engines {
                 let devices = (lm.cuda_ordinal().map_err(value_err)?, codec.cuda_ordinal().map_err(value_err)?);
                 let copier = PeerCopy::new(devices.0, lm_stream, devices.1, codec_stream).map_err(value_err)?;
                 let worker = DisaggregatedWorker::new((lm, lm_launcher), (codec, codec_launcher), copier);
-                user.with(worker.map_err(value_err)?)
+                user.with(self.with_lane(worker.map_err(value_err)?))
             }
+        }
+    }
+}
+
+impl Engines {
+    fn with_lane<L: Launcher, X: HandoverCopy>(&self, worker: DisaggregatedWorker<L, X>) -> DisaggregatedWorker<L, X> {
+        match &self.lane {
+            Some(lane) => worker.with_lane(lane.clone()),
+            None => worker,
         }
     }
 }
