@@ -10,15 +10,15 @@ import pytest
 
 from vox_serve import ipc
 from vox_serve.api.errors import ApiError
-from vox_serve.api.replicas import (
+from vox_serve.api.replica_state import (
     HEARTBEAT_TIMEOUT_S,
     MAX_UNREAD_AUDIO_BYTES,
     STALE_GRACE_S,
     STUCK_STEP_S,
-    ReplicaManager,
     ReplicaState,
     Session,
 )
+from vox_serve.api.replicas import ReplicaManager
 from vox_serve.config import VoxConfig
 
 

@@ -20,14 +20,11 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any
-
-import zmq
 
 from vox_serve import ipc
 from vox_serve.config import VoxConfig
@@ -35,6 +32,7 @@ from vox_serve.core.request import Request, RequestStatus, SamplingParams, TextF
 from vox_serve.engine.placement import replica_config
 from vox_serve.engine_loop import EngineLoop
 from vox_serve.prompt_pool import PromptPool
+from vox_serve.replica_transport import STATS_INTERVAL_S, Connection, Heartbeat
 from vox_serve.request_builder import FieldError, Preprocess, make_prompt, new_request, request_fields
 from vox_serve.scheduler.base import QueueFull
 from vox_serve.stage_stats import StageStats, TimedWorker
@@ -44,7 +42,6 @@ from vox_serve.voice_prompt import SAVED_VOICE_FIELD, VoiceFileError, VoicePromp
 log = logging.getLogger("vox_serve.scheduler_entry")
 
 IDLE_POLL_S = 0.05  # longest wait for a message while nothing runs
-STATS_INTERVAL_S = 0.2
 WARM_UP_TEXT = "Hello, this is a warm-up."  # one prompt built before the replica is ready
 VoiceEncoder = Callable[[bytes, str | None], VoicePrompt]  # (reference audio, its transcript) -> prompt
 
@@ -392,87 +389,6 @@ class SchedulerService:
     def pools(self) -> dict[str, list[int]]:
         """[free, total] of every pool the scheduler holds: KV pages and, for stateful codecs, slots."""
         return {name: list(counts) for name, counts in self.scheduler.pool_usage().items()}
-
-
-class Connection:
-    """The replica's two sockets: PULL (bound) for the API's messages, PUSH to the API's PULL; and a pipe
-    that wakes the loop's wait for messages when a prompt is ready (`wake`, called from the prompt pool)."""
-
-    def __init__(self, bind: str, api: str) -> None:
-        self.ctx = zmq.Context()
-        self.pull = self.ctx.socket(zmq.PULL)
-        self.pull.bind(bind)
-        self.push = self.ctx.socket(zmq.PUSH)
-        self.push.setsockopt(zmq.SNDHWM, 0)  # never block a step on a slow reader
-        self.push.connect(api)
-        self.api = api
-        self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_read, False)
-        self.poller = zmq.Poller()
-        self.poller.register(self.pull, zmq.POLLIN)
-        self.poller.register(self._wake_read, zmq.POLLIN)
-
-    def wake(self) -> None:
-        os.write(self._wake_write, b"w")
-
-    def send(self, msg: Any) -> None:
-        self.push.send_multipart(ipc.encode(msg), copy=False)
-
-    def receive(self, timeout_s: float) -> list[Any]:
-        """Every message waiting, after waiting up to timeout_s for the first one (or a wake-up)."""
-        out: list[Any] = []
-        ready = dict(self.poller.poll(int(timeout_s * 1000)))
-        if self._wake_read in ready:
-            try:
-                os.read(self._wake_read, 4096)
-            except BlockingIOError:
-                pass
-        if self.pull not in ready:
-            return out
-        while True:
-            try:
-                frames = self.pull.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return out
-            try:
-                out.append(ipc.decode(frames))
-            except ipc.ProtocolError as exc:
-                log.error("dropping a malformed message: %s", exc)
-
-    def close(self, linger_s: float = 1.0) -> None:
-        self.pull.close(linger=0)
-        self.push.close(linger=int(linger_s * 1000))
-        self.ctx.term()
-        os.close(self._wake_read)
-        os.close(self._wake_write)
-
-
-class Heartbeat:
-    """A daemon thread with its own socket (ZMQ sockets are not shared between threads) that tells the
-    API every STATS_INTERVAL_S that the process lives, and how long the loop's current step has run:
-    the API tells a frozen process (no heartbeat) from one stuck in a step (a step that never ends)
-    from one that is merely busy, without the loop having to report between steps."""
-
-    def __init__(self, conn: Connection, replica: int, incarnation: int) -> None:
-        self.step_started: float | None = None  # set by the loop around each step
-        self._stop = threading.Event()
-        self._socket = conn.ctx.socket(zmq.PUSH)
-        self._socket.setsockopt(zmq.SNDHWM, 0)
-        self._socket.connect(conn.api)
-        self._ids = (replica, incarnation)
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(STATS_INTERVAL_S):
-            started = self.step_started
-            step_s = 0.0 if started is None else time.monotonic() - started
-            self._socket.send_multipart(ipc.encode(ipc.Heartbeat(*self._ids, step_s=round(step_s, 3))))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._socket.close(linger=0)
 
 
 def serve(service: SchedulerService, conn: Connection, parent_pid: int, heartbeat: Heartbeat | None = None) -> None:

@@ -22,7 +22,8 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from starlette.responses import Response
 
 from vox_serve import ipc
-from vox_serve.api.replicas import ReplicaManager, RequestHandle
+from vox_serve.api.replica_state import RequestHandle
+from vox_serve.api.replicas import ReplicaManager
 from vox_serve.stage_stats import STAGE_BUCKETS_S
 
 router = APIRouter(tags=["Metrics"])

@@ -24,7 +24,8 @@ from vox_serve.api.audio_response import AudioResponse
 from vox_serve.api.body import body_timeout, json_fields, read_fields, validate_session_fields
 from vox_serve.api.errors import ApiError
 from vox_serve.api.generate import WAV_RESPONSE, context, max_upload_bytes
-from vox_serve.api.replicas import ReplicaManager, Session
+from vox_serve.api.replica_state import Session
+from vox_serve.api.replicas import ReplicaManager
 from vox_serve.api.schemas import StreamStartResponse, StreamTextResponse, error_responses
 from vox_serve.api.speech_request import check_upload, take_saved_voice
 from vox_serve.core.meta import ProgramMeta

@@ -27,7 +27,8 @@ from starlette.types import Receive, Scope, Send
 from vox_serve import ipc
 from vox_serve.api.disconnect import until_disconnect
 from vox_serve.api.errors import ApiError
-from vox_serve.api.replicas import ReplicaManager, RequestHandle
+from vox_serve.api.replica_state import RequestHandle
+from vox_serve.api.replicas import ReplicaManager
 from vox_serve.formats.encoders import Encoder
 
 log = logging.getLogger("vox_serve.api")

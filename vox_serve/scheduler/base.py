@@ -2,7 +2,7 @@
 
 Each step: audio chunks that are ready are decoded (in arrival order; which are ready, and their codec
 rows, is chunk_plan.py's arithmetic); new requests are admitted and prefilled first; every other running
-request decodes one token.
+request decodes one token. What each step's results do to its requests is results.py's half.
 Slots: an admitted request holds a request slot until it ends; the slot indexes its state on the
 device (page table, sampling parameters, token history, codes, codec state) and the host's counters
 in the slot table (`core/slot_table.py`), so the decode batch and the step's results are handled
@@ -42,20 +42,16 @@ from vox_serve.config import SchedulerConfig
 from vox_serve.core.chunks import ChunkGeometry
 from vox_serve.core.meta import EngineLimits, ProgramMeta
 from vox_serve.core.page_pool import PagePool
-from vox_serve.core.plan import LmLaunch, StepPlan, StepResult
-from vox_serve.core.request import OutKind, Request, RequestStatus
+from vox_serve.core.plan import LmLaunch, StepPlan
+from vox_serve.core.request import Request, RequestStatus
 from vox_serve.core.slot_table import SlotState, SlotTable
 from vox_serve.scheduler.chunk_plan import ChunkPlanner
 from vox_serve.scheduler.kv_pages import KvPages
+from vox_serve.scheduler.results import StepResults, codes_of_kinds
 from vox_serve.scheduler.rows import PrefillRows, decode_launch, slot_init
 from vox_serve.scheduler.text_input import extend, waits_for_text
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-# Out kind -> whether the row stops its request / is audio, so a launch's kinds are classified by one
-# lookup each (comparing an array with IntEnum members is several times slower than indexing).
-_IS_STOP = np.array([kind.stops for kind in sorted(OutKind)])
-_IS_AUDIO = np.array([kind.is_audio for kind in sorted(OutKind)])
-_IS_TOKEN = np.array([kind is not OutKind.STOP for kind in sorted(OutKind)], dtype=np.int64)  # counts as generated
 
 
 class QueueFull(RuntimeError):
@@ -74,7 +70,7 @@ class Flight:
     changes: int = -1  # the slot table's `changes` when the step was planned
 
 
-class Scheduler:
+class Scheduler(StepResults):
     name = "base"
 
     def __init__(self, meta: ProgramMeta, limits: EngineLimits, config: SchedulerConfig,
@@ -99,7 +95,7 @@ class Scheduler:
         self._admits: list = []
         self.pages = KvPages(self.pool, self.table, limits)
         self.chunks = ChunkPlanner(self.table, self.geometry, meta.stateful_codec, limits.max_codec_batch)
-        self._codes_of = _IS_AUDIO * meta.codes_per_step  # out kind -> codes the row adds
+        self._codes_of = codes_of_kinds(meta.codes_per_step)
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -460,115 +456,3 @@ class Scheduler:
         self.running.remove(req)
         self.waiting.appendleft(req)
         self.notes.append(f"preempted {req.req_id}: out of KV pages")
-
-    # ---- results -------------------------------------------------------------------------
-    def update(self, plan: StepPlan, result: StepResult) -> None:
-        now = self.clock()
-        flight = self._flights.pop(plan.step_id, None)
-        if flight is not None:
-            self._apply(flight.prefill_slots, flight.prefill_occupancy, flight.prefill_sample, result.prefill_kind,
-                        now, flight.changes)
-            self._apply(flight.decode_slots, flight.decode_occupancy, None, result.decode_kind, now, flight.changes)
-        if plan.codec:
-            self._on_audio(plan.codec.req_ids, result.pcm, now)
-        self._retire_drained()
-        self.pages.free_landed(self._flights)
-
-    def _apply(self, slots: np.ndarray, occupancy: np.ndarray, sample: np.ndarray | None, kinds: np.ndarray,
-               now: float, changes: int) -> None:
-        """Apply one launch's out kinds to the rows whose request still holds the slot (and that sampled;
-        `sample` None: every row did, as in a decode launch). `changes`: the table's when the step was planned
-        (the same now: every row's request still holds its slot and runs)."""
-        if not len(slots):
-            return
-        t = self.table
-        unchanged = t.changes == changes
-        live = None if unchanged else t.occupancy[slots] == occupancy
-        if sample is not None:
-            live = sample if live is None else live & sample
-        if live is not None and not live.all():
-            slots, kinds = slots[live], kinds[live]
-        t.num_pending[slots] -= 1
-        running = None if unchanged else t.state[slots] == SlotState.RUNNING
-        if running is not None and not running.all():
-            slots, kinds = slots[running], kinds[running]
-        generated = t.num_generated[slots]  # a launch's slots are distinct, so whole columns are written back
-        for slot in slots[generated == 0]:
-            stats = t.requests[slot].stats
-            stats.first_token = stats.first_token or now
-        stop = _IS_STOP[kinds]
-        generated += _IS_TOKEN[kinds]
-        t.num_generated[slots] = generated
-        t.num_codes[slots] += self._codes_of[kinds]
-        ends = stop | (generated >= t.gen_limit[slots])  # max_tokens, or max_model_len
-        if ends.any():  # stops first, then lengths
-            for slot in slots[stop]:
-                self._finish_generation(t.requests[slot], "stop")
-            for slot in slots[ends & ~stop]:
-                self._finish_generation(t.requests[slot], "length")
-
-    def _on_audio(self, req_ids: list[str], pcms: list[bytes | memoryview], now: float) -> None:
-        """Each decoded chunk to its request's stats and sink (requests that ended meanwhile are skipped)."""
-        requests = self.requests
-        for req_id, pcm in zip(req_ids, pcms, strict=True):
-            if (req := requests.get(req_id)) is None:
-                continue
-            stats = req.stats
-            if stats.first_audio is None:
-                stats.first_audio = now
-            samples = len(pcm) // 2
-            stats.num_audio_samples += samples
-            stats.last_chunk_samples = samples
-            if req.sink is not None:
-                req.sink(req, pcm, False)
-
-    def _finish_generation(self, req: Request, reason: str) -> None:
-        req.finish_reason = reason
-        req.status = RequestStatus.DRAINING
-        self.table.set_state(req.slot, SlotState.DRAINING)
-        self._free_pages(req)
-        self.running.remove(req)
-        self.draining.append(req)
-
-    def _retire_drained(self) -> None:
-        """Draining requests with no chunk left, and none on the device, are finished."""
-        if not self.draining:
-            return
-        t = self.table
-        slots = (t.state == SlotState.DRAINING).nonzero()[0]
-        decoding = np.zeros(len(slots), dtype=np.bool_)  # a chunk still on the device
-        for step in self._flights:
-            decoding |= t.codec_step[slots] == step
-        done = slots[(self._ready_chunks(slots)[0] == 0) & ~decoding]
-        for req in t.requests[done]:
-            self._end(req, RequestStatus.FINISHED, req.finish_reason)
-
-    def fail(self, plan: StepPlan, error: str) -> None:
-        """A step raised: fail exactly the requests it carried; the others go on."""
-        self._flights.pop(plan.step_id, None)
-        for req_id in [*plan.prefill.req_ids, *plan.decode.req_ids, *plan.codec.req_ids]:
-            req = self.requests.get(req_id)
-            if req is not None:
-                self._end(req, RequestStatus.FAILED, "error", error)
-        self.pages.free_landed(self._flights)
-
-    def _end(self, req: Request, status: RequestStatus, reason: str | None, error: str | None = None) -> None:
-        if req.slot is not None and self.on_release is not None:
-            self.on_release(req)
-        self._free_pages(req)
-        self.table.release(req)
-        for queue in (self.running, self.draining):
-            if req in queue:
-                queue.remove(req)
-        if req in self.waiting:
-            self.waiting.remove(req)
-        self.requests.pop(req.req_id, None)
-        req.status, req.finish_reason, req.error = status, reason, error
-        req.stats.finished = self.clock()
-        if req.sink is not None:
-            req.sink(req, None, True)
-
-    def _free_pages(self, req: Request) -> None:
-        """req's pages back to the pool, or once the step in flight that still writes them lands."""
-        writing = req.slot is not None and self.lm_in_flight(req.slot)
-        self.pages.free(req, int(self.table.lm_step[req.slot]) if writing else None)

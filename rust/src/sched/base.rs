@@ -3,7 +3,8 @@
 //! every other running request decodes one token; results are applied by out kind alone.
 //!
 //! Requests live in a slab addressed by `ReqKey`; the slot table mirrors the counters of those
-//! holding a slot. Audio and ends go out as `Event`s, drained by whoever drives the scheduler.
+//! holding a slot. Audio and ends go out as `Event`s, drained by whoever drives the scheduler. What a
+//! step's results do to its requests is results.rs's half.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -12,10 +13,10 @@ use super::clock::Clock;
 use super::codec::CodecRows;
 use super::config::{EngineLimits, PolicyKind, ProgramMeta, SchedulerConfig};
 use super::deadline::DeadlineState;
-use super::plan::{LmLaunch, StepPlan, StepResult};
+use super::plan::{LmLaunch, StepPlan};
 use super::pool::PagePool;
 use super::table::{SlotState, SlotTable};
-use super::types::{OutKind, ReqKey, Request, RequestStatus};
+use super::types::{ReqKey, Request, RequestStatus};
 
 /// What the scheduler hands out: a chunk's PCM, or a request that has ended (with its final state).
 #[derive(Debug, Clone)]
@@ -83,7 +84,7 @@ pub struct Scheduler {
     pub notes: Vec<String>,
     pub events: Vec<Event>,
     pub(super) flights: BTreeMap<i64, Flight>,
-    free_later: Vec<(ReqKey, i64)>,
+    pub(super) free_later: Vec<(ReqKey, i64)>,
     pub(super) planned: Vec<bool>,
     pub(super) running_slots: Vec<usize>,
     pub(super) pages: Vec<(Vec<i32>, Vec<i32>, Vec<i32>)>,
@@ -156,7 +157,7 @@ impl Scheduler {
         ReqKey { index, generation: entry.generation }
     }
 
-    fn remove(&mut self, key: ReqKey) -> Request {
+    pub(super) fn remove(&mut self, key: ReqKey) -> Request {
         let req = self.entries[key.index as usize].req.take().expect("a live request key");
         self.free_entries.push(key.index);
         self.by_id.remove(&req.req_id);
@@ -373,163 +374,6 @@ impl Scheduler {
         t.num_pending[slot] += i64::from(sample);
         t.last_decode[slot] = self.now;
         self.planned[slot] = true;
-    }
-
-    // ---- results -------------------------------------------------------------------------
-    /// Apply a step's results; its PCM moves into the audio events (no copy).
-    pub fn update(&mut self, plan: &StepPlan, result: &mut StepResult) {
-        let now = self.clock.now();
-        if let Some(flight) = self.flights.remove(&plan.step_id) {
-            let prefill_kinds = &result.prefill_kind;
-            self.apply(&flight.prefill_slots, &flight.prefill_occupancy, Some(&flight.prefill_sample), prefill_kinds,
-                       now);
-            self.apply(&flight.decode_slots, &flight.decode_occupancy, None, &result.decode_kind, now);
-        }
-        for (i, &key) in plan.codec.keys.iter().enumerate() {
-            if self.get(key).is_some() {
-                self.on_audio(key, std::mem::take(&mut result.pcm[i]), now);
-            }
-        }
-        self.retire_drained();
-        self.free_landed_pages();
-    }
-
-    /// One launch's out kinds, for the rows whose request still holds the slot.
-    fn apply(&mut self, slots: &[usize], occupancy: &[i64], sample: Option<&Vec<bool>>, kinds: &[i32], now: f64) {
-        let mut live = Vec::with_capacity(slots.len());
-        for (i, &slot) in slots.iter().enumerate() {
-            let sampled = sample.map_or(true, |s| s[i]);
-            if self.table.occupancy[slot] == occupancy[i] && sampled {
-                self.table.num_pending[slot] -= 1;
-                if self.table.state[slot] == SlotState::Running {
-                    live.push((slot, OutKind::from_i32(kinds[i])));
-                }
-            }
-        }
-        let mut stops = Vec::new();
-        let mut full = Vec::new();
-        for &(slot, _) in &live {
-            if self.table.num_generated[slot] == 0 {
-                let key = self.key_at(slot);
-                let stats = &mut self.req_mut(key).stats;
-                stats.first_token = stats.first_token.or(Some(now));
-            }
-        }
-        for &(slot, kind) in &live {
-            let t = &mut self.table;
-            if kind != OutKind::Stop {
-                t.num_generated[slot] += 1;
-            }
-            if kind.is_audio() {
-                t.num_codes[slot] += self.meta.codes_per_step;
-            }
-            if kind.stops() {
-                stops.push(slot);
-            } else if t.num_generated[slot] >= t.max_tokens[slot]
-                || t.prompt_len[slot] + t.num_generated[slot] >= self.limits.max_model_len
-            {
-                full.push(slot);
-            }
-        }
-        for slot in stops {
-            self.finish_generation(self.key_at(slot), "stop");
-        }
-        for slot in full {
-            self.finish_generation(self.key_at(slot), "length");
-        }
-    }
-
-    fn on_audio(&mut self, key: ReqKey, pcm: Vec<u8>, now: f64) {
-        let stats = &mut self.req_mut(key).stats;
-        if stats.first_audio.is_none() {
-            stats.first_audio = Some(now);
-        }
-        let samples = (pcm.len() / 2) as i64;
-        stats.num_audio_samples += samples;
-        stats.last_chunk_samples = samples;
-        self.events.push(Event::Audio { key, pcm });
-    }
-
-    fn finish_generation(&mut self, key: ReqKey, reason: &str) {
-        let req = self.req_mut(key);
-        req.finish_reason = Some(reason.to_string());
-        req.status = RequestStatus::Draining;
-        let slot = req.slot.expect("a running request holds a slot");
-        self.table.state[slot] = SlotState::Draining;
-        self.free_pages(key);
-        self.running.retain(|&k| k != key);
-        self.draining.push(key);
-    }
-
-    /// Draining requests with no chunk left, and none on the device, are finished (slot order).
-    fn retire_drained(&mut self) {
-        let t = &self.table;
-        let done: Vec<usize> = (0..t.num_slots)
-            .filter(|&s| t.state[s] == SlotState::Draining)
-            .filter(|&s| !t.ready(s) && !self.flights.contains_key(&t.codec_step[s]))
-            .collect();
-        for slot in done {
-            let key = self.key_at(slot);
-            let reason = self.req(key).finish_reason.clone();
-            self.end(key, RequestStatus::Finished, reason, None);
-        }
-    }
-
-    /// A step failed: fail exactly the requests it carried; the others go on.
-    pub fn fail(&mut self, plan: &StepPlan, error: &str) {
-        self.flights.remove(&plan.step_id);
-        let keys = plan.prefill.keys.iter().chain(&plan.decode.keys).chain(&plan.codec.keys).copied();
-        for key in keys.collect::<Vec<_>>() {
-            if self.get(key).is_some() {
-                self.end(key, RequestStatus::Failed, Some("error".into()), Some(error.to_string()));
-            }
-        }
-        self.free_landed_pages();
-    }
-
-    pub(super) fn end(&mut self, key: ReqKey, status: RequestStatus, reason: Option<String>, error: Option<String>) {
-        self.free_pages(key);
-        let mut req = self.remove(key);
-        self.table.release(key, &mut req);
-        self.running.retain(|&k| k != key);
-        self.draining.retain(|&k| k != key);
-        self.waiting.retain(|&k| k != key);
-        req.status = status;
-        req.finish_reason = reason;
-        req.error = error;
-        req.stats.finished = Some(self.clock.now());
-        self.events.push(Event::Done(Box::new(req)));
-    }
-
-    /// A request's pages go back now, or once no step in flight writes them.
-    fn free_pages(&mut self, key: ReqKey) {
-        let slot = self.get(key).and_then(|r| r.slot);
-        match slot {
-            Some(s) if self.lm_in_flight(s) => {
-                let step = self.table.lm_step[s];
-                match self.free_later.iter_mut().find(|(k, _)| *k == key) {
-                    Some(entry) => entry.1 = step,
-                    None => self.free_later.push((key, step)),
-                }
-            }
-            _ => {
-                self.pool.free(key);
-            }
-        }
-    }
-
-    fn free_landed_pages(&mut self) {
-        let flights = &self.flights;
-        let (landed, later): (Vec<_>, Vec<_>) = self.free_later.drain(..).partition(|(_, s)| !flights.contains_key(s));
-        self.free_later = later;
-        for (key, _) in landed {
-            self.pool.free(key);
-        }
-    }
-
-    /// Whether a step still on the device has an LM row of the slot's request.
-    pub fn lm_in_flight(&self, slot: usize) -> bool {
-        self.flights.contains_key(&self.table.lm_step[slot])
     }
 
     /// A check for tests: pages and slots are all accounted for, and none is held once idle.

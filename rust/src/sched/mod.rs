@@ -15,6 +15,7 @@ pub mod plan;
 mod policy;
 pub mod pool;
 mod prefill;
+mod results;
 pub mod table;
 pub mod trace;
 pub mod types;
