@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vox_serve.codecs.weight_norm import fuse_weight_norm
+from vox_serve.layers.derived import Derived
 from vox_serve.rt import codec_kernels, triton_ops
 from vox_serve.rt.kernels import hash_normal
 
@@ -92,10 +93,11 @@ class _Snake(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(1, dim, 1))
+        self._scale = Derived(lambda a: ((a + 1e-9).reciprocal(),))
 
     def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         """`bias` (GPUs): a convolution's bias, added to x first in the same kernel."""
-        scale = (self.alpha + 1e-9).reciprocal()
+        (scale,) = self._scale.get(self.alpha)
         if triton_ops.enabled(x):
             return codec_kernels.snake(x, self.alpha, scale, bias=bias)
         x = x if bias is None else x + bias[:, None]

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from vox_serve.codecs.weight_norm import fuse_weight_norm
+from vox_serve.layers.derived import Derived
 from vox_serve.rt.checkpoint import iter_safetensors, load_strict, read_json
 
 RESIDUAL_DILATIONS = (1, 3, 9)
@@ -67,9 +68,11 @@ class Snake(nn.Module):
     def __init__(self, channels: int) -> None:
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
+        self._scale = Derived(lambda a: ((a + 1e-9).reciprocal(),))
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
+        (scale,) = self._scale.get(self.alpha)
+        return x + scale * torch.sin(self.alpha * x).pow(2)
 
 
 class ResidualUnit(nn.Module):

@@ -22,6 +22,7 @@ from vox_serve.codecs.streaming import (
     window_rope,
 )
 from vox_serve.layers.decoder import RMSNorm
+from vox_serve.layers.derived import Derived
 from vox_serve.rt import codec_kernels, triton_ops
 
 
@@ -32,6 +33,7 @@ class SnakeBeta(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(dim))
         self.beta = nn.Parameter(torch.zeros(dim))
+        self._derived = Derived(lambda a, b: (a.exp()[None, :, None], 1.0 / (b.exp()[None, :, None] + 1e-9)))
 
     def forward(self, x: Tensor, states: list[Tensor] | None = None, bias: Tensor | None = None) -> Tensor:
         """[B, C, T]; `bias` (GPUs): a convolution's bias, added to x first in the same kernel."""
@@ -48,7 +50,9 @@ class SnakeBeta(nn.Module):
         return torch.cat([context, self(x)], dim=-1)
 
     def _factors(self) -> tuple[Tensor, Tensor]:
-        return self.alpha.exp()[None, :, None], 1.0 / (self.beta.exp()[None, :, None] + 1e-9)
+        """(e^alpha, 1 / (e^beta + 1e-9)), each [1, C, 1]."""
+        alpha, inv_beta = self._derived.get(self.alpha, self.beta)
+        return alpha, inv_beta
 
 
 class ConvNeXtBlock(nn.Module):
