@@ -49,12 +49,12 @@ def test_health_reports_the_session_limits(server: Server) -> None:
 def test_idle_sessions_block_no_request_and_end_after_the_idle_timeout(server: Server) -> None:
     """With a decode batch of 2, two sessions whose text ran dry made a 12-token request wait 46 s."""
     sessions = [start(server, text="Hello there, this is", voice="ryan") for _ in range(MAX_BATCH)]
-    opened = time.monotonic()
     wait_until(lambda: server.replicas()[0]["active_requests"] == MAX_BATCH, 5.0)  # both run, out of text
     response = server.client.post("/generate", json={"text": "Hi.", "max_tokens": 12, "streaming": False},
                                   timeout=IDLE_S * 3)
     assert response.status_code == 200, response.text
-    assert time.monotonic() - opened < IDLE_S - 1.0  # done while the sessions still hold their place
+    # done while the sessions still hold their place (a request that waited for them to time out would find
+    # them ended): an ordering, not a wall-clock bound
     assert server.health()[1]["sessions"]["open"] == MAX_BATCH
     third = server.client.post("/generate/stream/start", json={"voice": "ryan"})
     assert_error(third, 503, None, "--max-sessions")
