@@ -159,3 +159,17 @@ def test_server_flags_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VOX_SERVE_API_KEY", "from-env")
     assert build_config({}, "python").server.api_key == "from-env"
     assert build_config({"api_key": "flag"}, "python").server.api_key == "flag"
+
+
+def test_every_config_field_is_one_flag_and_no_flags_give_the_dataclass_defaults() -> None:
+    """Defaults live in vox_serve/config.py only: the flags take theirs from the fields they set."""
+    import dataclasses
+
+    from vox_serve.cli import FLAGS, SECTIONS
+    from vox_serve.config import ServerConfig, VoxConfig
+
+    targets = [f.target for f in FLAGS if f.target is not None]
+    assert len(targets) == len(set(targets))
+    assert set(targets) == {(section, f.name) for _, section in SECTIONS for f in dataclasses.fields(section)}
+    defaults = VoxConfig(runtime="python", server=ServerConfig(max_sessions=64))  # --max-batch-size's default
+    assert build_config({}, "python") == defaults

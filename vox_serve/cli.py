@@ -9,11 +9,13 @@ because the extension is missing (the specification's fallback rule).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +49,8 @@ class Flag:
     runtimes: frozenset[str] = BOTH
     implemented: bool = True
     implemented_in: frozenset[str] | None = None  # the runtimes (of `runtimes`) that serve it; None: all
+    target: tuple[type, str] | None = None  # the config field it sets (section dataclass, field name)
+    convert: Callable[[Any], Any] | None = None  # the flag's value -> the field's
 
     @property
     def dest(self) -> str:
@@ -58,9 +62,36 @@ class Flag:
                 and (self.implemented_in is None or runtime in self.implemented_in))
 
 
+def _field_default(section: type, name: str) -> Any:
+    f = next(f for f in dataclasses.fields(section) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
 def _f(*names: str, runtimes: frozenset[str] = BOTH, implemented: bool = True,
-       implemented_in: frozenset[str] | None = None, **kwargs: Any) -> Flag:
-    return Flag(names, kwargs, runtimes, implemented, implemented_in)
+       implemented_in: frozenset[str] | None = None, to: type | None = None, name: str | None = None,
+       convert: Callable[[Any], Any] | None = None, **kwargs: Any) -> Flag:
+    """A flag; `to`: the config section whose field `name` (default: the flag's own name) it sets, and
+    whose default it takes unless `default` is given."""
+    target = None if to is None else (to, name or names[0].lstrip("-").replace("-", "_"))
+    if target is not None and "default" not in kwargs and kwargs.get("action") != "store_true":
+        kwargs["default"] = _field_default(*target)
+    return Flag(names, kwargs, runtimes, implemented, implemented_in, target, convert)
+
+
+def _scheduler_type(name: str) -> str:
+    return "base" if name == "input_streaming" else name
+
+
+def _api_key(key: str | None) -> str | None:
+    return key or os.environ.get(API_KEY_ENV) or None
+
+
+def _origins(text: str | None) -> tuple[str, ...]:
+    return tuple(o.strip() for o in (text or "").split(",") if o.strip())
+
+
+def _rates(text: str | None) -> tuple[float, ...]:
+    return parse_bench_rates(text)
 
 
 RUST_ONLY = frozenset({RS})
@@ -71,85 +102,87 @@ FLAGS: tuple[Flag, ...] = (
     _f("--runtime", choices=["auto", "python", "rust"], default="auto",
        help="serving runtime: auto (Rust if available, else Python), python or rust"),
     # model
-    _f("--model", default="orpheus",
+    _f("--model", to=ModelConfig,
        help=f"model name ({', '.join(NAMES)}), Hugging Face id (owner/name, local cache) or local directory"),
-    _f("--load-format", choices=["auto", "safetensors", "dummy"], default="auto",
+    _f("--load-format", to=ModelConfig, choices=["auto", "safetensors", "dummy"],
        help="dummy: random weights of the configured shapes (no checkpoint needed)"),
-    _f("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
+    _f("--dtype", to=ModelConfig, choices=["auto", "bfloat16", "float16", "float32"],
        help="weight/activation dtype (auto: bfloat16 on GPU, float32 on CPU)"),
-    _f("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda or cuda:N"),
-    _f("--codec-path", default=None, help="codec checkpoint directory (default: inside the model's)"),
-    _f("--seed", type=int, default=0, help="seed of dummy weights and of requests without a seed"),
+    _f("--device", to=ModelConfig, help="auto (cuda if available, else cpu), cpu, cuda or cuda:N"),
+    _f("--codec-path", to=ModelConfig, help="codec checkpoint directory (default: inside the model's)"),
+    _f("--seed", to=ModelConfig, type=int, help="seed of dummy weights and of requests without a seed"),
     # cache
-    _f("--page-size", type=int, default=16, help="tokens per KV page"),
-    _f("--max-num-pages", type=int, default=None, help="KV pages (default: sized from free memory)"),
-    _f("--gpu-memory-utilization", type=float, default=0.9,
+    _f("--page-size", to=CacheConfig, type=int, help="tokens per KV page"),
+    _f("--max-num-pages", to=CacheConfig, type=int, help="KV pages (default: sized from free memory)"),
+    _f("--gpu-memory-utilization", to=CacheConfig, type=float,
        help="fraction of GPU memory for weights, graphs and KV"),
-    _f("--max-model-len", type=int, default=None, help="longest prompt + generation, in tokens"),
+    _f("--max-model-len", to=CacheConfig, type=int, help="longest prompt + generation, in tokens"),
     # scheduling
-    _f("--scheduler-type", default="base",
+    _f("--scheduler-type", to=SchedulerConfig, convert=_scheduler_type,
        help="base, online, offline, deadline, input_streaming (a name of base); see docs/scheduling.md"),
-    _f("--max-batch-size", type=int, default=64, help="largest decode batch"),
-    _f("--max-prefill-tokens", type=int, default=2048, help="token budget of one prefill step"),
-    _f("--max-prefill-seqs", type=int, default=16, help="sequences in one prefill step"),
-    _f("--max-codec-batch", type=int, default=64, help="audio chunks decoded in one codec step"),
-    _f("--detokenize-interval", type=int, default=None, help="frames per audio chunk (default: model's)"),
-    _f("--first-chunk-frames", type=int, default=None,
+    _f("--max-batch-size", to=SchedulerConfig, type=int, help="largest decode batch"),
+    _f("--max-prefill-tokens", to=SchedulerConfig, type=int, help="token budget of one prefill step"),
+    _f("--max-prefill-seqs", to=SchedulerConfig, type=int, help="sequences in one prefill step"),
+    _f("--max-codec-batch", to=SchedulerConfig, type=int, help="audio chunks decoded in one codec step"),
+    _f("--detokenize-interval", to=SchedulerConfig, type=int, help="frames per audio chunk (default: model's)"),
+    _f("--first-chunk-frames", to=SchedulerConfig, type=int,
        help="frames of each request's first audio chunk, at most the interval (sooner first audio)"),
-    _f("--max-queued-requests", type=int, default=1024, help="waiting requests before new ones are refused"),
+    _f("--max-queued-requests", to=SchedulerConfig, type=int, help="waiting requests before new ones are refused"),
     # execution
-    _f("--attention-backend", choices=["auto", "torch", "flashinfer"], default="auto",
+    _f("--attention-backend", to=EngineConfig, choices=["auto", "torch", "flashinfer"],
        help="paged attention implementation"),
-    _f("--disable-cuda-graph", action="store_true",
+    _f("--disable-cuda-graph", to=EngineConfig, action="store_true",
        help="run stages eagerly instead of replaying CUDA graphs"),
-    _f("--enable-nvtx", action="store_true", runtimes=PY_ONLY,
+    _f("--enable-nvtx", to=EngineConfig, action="store_true", runtimes=PY_ONLY,
        help="NVTX ranges around stages and scheduling"),
-    _f("--async-scheduling", action="store_true", runtimes=PY_ONLY,
+    _f("--async-scheduling", to=SchedulerConfig, action="store_true", runtimes=PY_ONLY,
        help="plan the next step while the GPU runs the current one"),
     # several GPUs
-    _f("--dp-size", type=int, default=1, help="replicas, one per GPU"),
-    _f("--enable-disaggregation", action="store_true",
+    _f("--dp-size", to=ServerConfig, type=int, help="replicas, one per GPU"),
+    _f("--enable-disaggregation", to=EngineConfig, action="store_true",
        help="the LM on GPU 0 and the codec on GPU 1 (with --dp-size N: replica i on GPUs 2i and 2i+1; "
             "on a CPU both halves run on the CPU)"),
     # server
-    _f("--host", default="127.0.0.1", help="HTTP bind address"),
-    _f("--port", type=int, default=8000, help="HTTP port"),
-    _f("--request-timeout-s", type=float, default=300.0,
+    _f("--host", to=ServerConfig, help="HTTP bind address"),
+    _f("--port", to=ServerConfig, type=int, help="HTTP port"),
+    _f("--request-timeout-s", to=ServerConfig, type=float,
        help="abort a request still running after this many seconds"),
-    _f("--max-upload-mb", type=float, default=10.0, help="largest audio upload, in MB"),
-    _f("--data-dir", default=None,
+    _f("--max-upload-mb", to=ServerConfig, type=float, help="largest audio upload, in MB"),
+    _f("--data-dir", to=ServerConfig,
        help="directory of saved voices (POST /v1/audio/voices); kept across restarts"),
-    _f("--max-input-chars", type=int, default=ServerConfig.max_input_chars,
+    _f("--max-input-chars", to=ServerConfig, type=int,
        help="longest text of one /v1/audio/speech request; longer than the model takes is split at sentences"),
-    _f("--header-timeout-s", type=float, default=ServerConfig.header_timeout_s,
+    _f("--header-timeout-s", to=ServerConfig, type=float,
        help="close a connection that has not sent a request's headers within this many seconds"),
-    _f("--body-timeout-s", type=float, default=ServerConfig.body_timeout_s,
+    _f("--body-timeout-s", to=ServerConfig, type=float,
        help="answer 408 to a request whose body has not arrived within this many seconds"),
-    _f("--max-connections", type=int, default=ServerConfig.max_connections,
+    _f("--max-connections", to=ServerConfig, type=int,
        help="open HTTP connections; one beyond them is closed at once"),
-    _f("--api-key", default=None,
+    _f("--api-key", to=ServerConfig, convert=_api_key, default=None,
        help="require 'Authorization: Bearer KEY' on every route but /health (default: $VOX_SERVE_API_KEY, "
             "else none); the environment variable keeps the key out of the process list"),
-    _f("--allowed-origins", default=None,
+    _f("--allowed-origins", to=ServerConfig, convert=_origins, default=None,
        help="comma-separated browser origins allowed to call the API (CORS); default: CORS off"),
-    _f("--max-sessions", type=int, default=None,
+    _f("--max-sessions", to=ServerConfig, type=int, default=None,
        help="open input-streaming sessions per replica (default: --max-batch-size)"),
-    _f("--session-idle-timeout-s", type=float, default=ServerConfig.session_idle_timeout_s,
+    _f("--session-idle-timeout-s", to=ServerConfig, type=float,
        help="end an input-streaming session that receives no text (or, ended, is not read) for this long"),
     # bench mode
-    _f("--bench-requests", type=int, default=0,
+    _f("--bench-requests", to=BenchConfig, name="num_requests", type=int,
        help="run N (>= 1) concurrent requests without HTTP and exit; leave it out to serve HTTP"),
-    _f("--bench-out", default=None, help="directory for one WAV per bench request"),
-    _f("--bench-text", default=BenchConfig.text, help="text of each bench request"),
-    _f("--bench-kwargs", default="{}",
+    _f("--bench-out", to=BenchConfig, name="out_dir", help="directory for one WAV per bench request"),
+    _f("--bench-text", to=BenchConfig, name="text", help="text of each bench request"),
+    _f("--bench-kwargs", to=BenchConfig, name="kwargs_json",
        help='JSON request fields: voice, sampling overrides, max_tokens, ignore_eos, seed'),
-    _f("--bench-audio", default=None, help="reference audio file sent as every bench request's `audio` (voice clones)"),
-    _f("--bench-rate", default=None,
+    _f("--bench-audio", to=BenchConfig, name="audio",
+       help="reference audio file sent as every bench request's `audio` (voice clones)"),
+    _f("--bench-rate", to=BenchConfig, name="rates", convert=_rates, default=None,
        help="comma-separated request rates (per second): one phase of --bench-requests N per rate on the same "
             "engine, Poisson arrivals seeded by --seed; 0 or inf: all at once (the default)"),
-    _f("--bench-json", default=None, help="write each bench phase's summary and requests to this JSON file"),
-    _f("--greedy", action="store_true", help="greedy sampling: repeatable output"),
-    _f("--trace-dir", default=None,
+    _f("--bench-json", to=BenchConfig, name="json_path",
+       help="write each bench phase's summary and requests to this JSON file"),
+    _f("--greedy", to=BenchConfig, action="store_true", help="greedy sampling: repeatable output"),
+    _f("--trace-dir", to=SchedulerConfig,
        help="write JSON lines of every stage launch's device time and every scheduling decision here"),
     # Rust runtime only (the lanes, SM partitions and segments of later issues: refused until they exist)
     _f("--overlap-detok", action="store_true", **RUST_LATER, help="codec on its own stream"),
@@ -159,22 +192,22 @@ FLAGS: tuple[Flag, ...] = (
     _f("--urgent-lane", action="store_true", **RUST_LATER, help="high-priority codec lane"),
     _f("--lm-segments", default=None, **RUST_LATER, help="depth or layers:<k>"),
     _f("--gate", action="store_true", **RUST_LATER, help="gate segments on codec batches"),
-    _f("--codec-gpu", type=int, default=None, runtimes=RUST_ONLY,
+    _f("--codec-gpu", to=EngineConfig, type=int, runtimes=RUST_ONLY,
        help="GPU of every replica's codec: replica i's LM on GPU i, its codec half on GPU G, the replicas' codec "
             "batches taking turns on one lane (earliest deadline first)"),
     _f("--codec-sms", type=int, default=None, **RUST_LATER, help="SMs of the shared codec partition"),
-    _f("--prompt-builder", default=None, choices=["rust", "python"], runtimes=RUST_ONLY,
+    _f("--prompt-builder", to=EngineConfig, choices=["rust", "python"], runtimes=RUST_ONLY,
        help="rust (default where the model's spec allows): prompts built in Rust; python: the program's preprocess"),
     # deadline policy (both runtimes)
-    _f("--deadline-startup-ms", type=float, default=SchedulerConfig.deadline_startup_ms,
+    _f("--deadline-startup-ms", to=SchedulerConfig, type=float,
        help="deadline policy: first audio of a new stream is due this long after its arrival"),
-    _f("--deadline-max-prefill-deferral-ms", type=float, default=SchedulerConfig.deadline_max_prefill_deferral_ms,
+    _f("--deadline-max-prefill-deferral-ms", to=SchedulerConfig, type=float,
        help="deadline policy: longest a prefill waits for running streams about to underrun"),
-    _f("--deadline-lm-step-ms", type=float, default=SchedulerConfig.deadline_lm_step_ms,
+    _f("--deadline-lm-step-ms", to=SchedulerConfig, type=float,
        help="deadline policy: estimated time of one LM decode step (calibrate per model and GPU)"),
-    _f("--deadline-codec-ms", type=float, default=SchedulerConfig.deadline_codec_ms,
+    _f("--deadline-codec-ms", to=SchedulerConfig, type=float,
        help="deadline policy: estimated time of one codec launch"),
-    _f("--deadline-prefill-ms", type=float, default=SchedulerConfig.deadline_prefill_ms,
+    _f("--deadline-prefill-ms", to=SchedulerConfig, type=float,
        help="deadline policy: estimated time of one prefill launch"),
 )
 
@@ -373,40 +406,24 @@ def _check_codec_gpu(kept: dict[str, Any]) -> None:
         raise CliError(f"--device {kept['device']} names one GPU; with --codec-gpu replica i's LM runs on GPU i")
 
 
+SECTIONS: tuple[tuple[str, type], ...] = (
+    ("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig), ("engine", EngineConfig),
+    ("bench", BenchConfig), ("server", ServerConfig))
+
+
 def build_config(kept: dict[str, Any], runtime: str) -> VoxConfig:
-    """The frozen config from validated flags (missing ones take their defaults)."""
+    """The frozen config from validated flags (missing ones take their defaults): each flag sets the field
+    it names (`Flag.target`)."""
     v = {**_defaults(), **kept}
-    sched = "base" if v["scheduler_type"] == "input_streaming" else v["scheduler_type"]
-    return VoxConfig(
-        runtime=runtime,
-        model=ModelConfig(v["model"], v["load_format"], v["dtype"], v["device"], v["seed"], v["codec_path"]),
-        cache=CacheConfig(v["page_size"], v["max_num_pages"], v["gpu_memory_utilization"], v["max_model_len"]),
-        scheduler=SchedulerConfig(
-            sched, v["max_batch_size"], v["max_prefill_tokens"], v["max_prefill_seqs"],
-            v["max_codec_batch"], v["detokenize_interval"], v["max_queued_requests"],
-            async_scheduling=v["async_scheduling"], trace_dir=v["trace_dir"],
-            first_chunk_frames=v["first_chunk_frames"],
-            deadline_startup_ms=v["deadline_startup_ms"],
-            deadline_max_prefill_deferral_ms=v["deadline_max_prefill_deferral_ms"],
-            deadline_lm_step_ms=v["deadline_lm_step_ms"], deadline_codec_ms=v["deadline_codec_ms"],
-            deadline_prefill_ms=v["deadline_prefill_ms"],
-        ),
-        engine=EngineConfig(v["attention_backend"], v["disable_cuda_graph"], v["enable_nvtx"],
-                            prompt_builder=v["prompt_builder"], enable_disaggregation=v["enable_disaggregation"],
-                            codec_gpu=v["codec_gpu"]),
-        bench=BenchConfig(v["bench_requests"], v["bench_out"], v["bench_text"], v["bench_kwargs"], v["greedy"],
-                          audio=v["bench_audio"], rates=parse_bench_rates(v["bench_rate"]), json_path=v["bench_json"]),
-        server=ServerConfig(
-            host=v["host"], port=v["port"], dp_size=v["dp_size"], request_timeout_s=v["request_timeout_s"],
-            max_upload_mb=v["max_upload_mb"], header_timeout_s=v["header_timeout_s"],
-            body_timeout_s=v["body_timeout_s"], max_connections=v["max_connections"],
-            api_key=v["api_key"] or os.environ.get(API_KEY_ENV) or None,
-            allowed_origins=tuple(o.strip() for o in (v["allowed_origins"] or "").split(",") if o.strip()),
-            max_sessions=v["max_sessions"] or v["max_batch_size"],
-            session_idle_timeout_s=v["session_idle_timeout_s"], data_dir=v["data_dir"],
-            max_input_chars=v["max_input_chars"],
-        ),
-    )
+    fields: dict[type, dict[str, Any]] = {section: {} for _, section in SECTIONS}
+    for flag in FLAGS:
+        if flag.target is not None:
+            section, name = flag.target
+            value = v[flag.dest]
+            fields[section][name] = value if flag.convert is None else flag.convert(value)
+    server = fields[ServerConfig]
+    server["max_sessions"] = server["max_sessions"] or v["max_batch_size"]
+    return VoxConfig(runtime=runtime, **{name: section(**fields[section]) for name, section in SECTIONS})
 
 
 def warn(msg: str) -> None:
