@@ -5,7 +5,7 @@
 //! deadline), ties and batches without a stream in arrival order; a batch passed over `MAX_PASSES`
 //! times goes next whatever the deadlines, so no replica starves behind more urgent ones.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Times a waiting batch may be overtaken by later ones before it is served next.
 pub const MAX_PASSES: u32 = 2;
@@ -52,6 +52,13 @@ impl CodecLane {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Wait until this batch holds the lane; the lane frees when the turn is dropped (also when a
+    /// replica's thread unwinds, so a failing replica never holds the others back).
+    pub fn turn(self: &Arc<Self>, deadline: Option<f64>) -> LaneTurn {
+        self.acquire(deadline);
+        LaneTurn { lane: self.clone() }
+    }
+
     /// Wait until this batch holds the lane; every `acquire` is followed by one `release`.
     pub fn acquire(&self, deadline: Option<f64>) {
         let mut state = self.lock();
@@ -95,6 +102,17 @@ impl CodecLane {
     /// Batches that have held the lane.
     pub fn grants(&self) -> u64 {
         self.lock().grants
+    }
+}
+
+/// A batch's hold on the lane, freed when dropped.
+pub struct LaneTurn {
+    lane: Arc<CodecLane>,
+}
+
+impl Drop for LaneTurn {
+    fn drop(&mut self) {
+        self.lane.release();
     }
 }
 
@@ -149,6 +167,19 @@ mod tests {
         threads.into_iter().for_each(|t| t.join().unwrap());
         assert_eq!(*order.lock().unwrap(), [2, 1, 0]);
         assert_eq!((lane.grants(), lane.num_waiting()), (4, 0));
+    }
+
+    #[test]
+    fn a_thread_that_panics_while_holding_a_turn_frees_the_lane() {
+        let lane = Arc::new(CodecLane::default());
+        let held = lane.clone();
+        assert!(std::thread::spawn(move || {
+            let _turn = held.turn(None);
+            panic!("a failing replica");
+        }).join().is_err());
+        assert!(!lane.is_held());
+        drop(lane.turn(Some(1.0)));
+        assert_eq!(lane.grants(), 2);
     }
 
     /// A batch with no stream behind it is not starved by a stream of urgent ones.

@@ -22,7 +22,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::codec_lane::CodecLane;
+use super::codec_lane::{CodecLane, LaneTurn};
 use super::spec::{EngineSpec, Half, Stage};
 use super::worker::{EngineWorker, Launcher, StepHandle};
 use super::writer::{Launch, CODEC_PREFIX};
@@ -114,8 +114,8 @@ pub struct DisaggregatedHandle {
     step_id: i64,
     lm: StepHandle,
     codec: StepHandle,
-    /// The step holds the codec lane until its codec half is collected.
-    holds_lane: bool,
+    /// The step's turn on the codec lane, held until its codec half is collected.
+    turn: Option<LaneTurn>,
 }
 
 pub struct DisaggregatedWorker<L: Launcher, X: HandoverCopy> {
@@ -147,12 +147,6 @@ impl<L: Launcher, X: HandoverCopy> DisaggregatedWorker<L, X> {
     pub fn with_lane(mut self, lane: Arc<CodecLane>) -> DisaggregatedWorker<L, X> {
         self.lane = Some(lane);
         self
-    }
-
-    fn release_lane(&self, held: bool) {
-        if let (true, Some(lane)) = (held, &self.lane) {
-            lane.release();
-        }
     }
 
     /// The codec half's step, its hand-over copy before its first window launch.
@@ -215,27 +209,21 @@ impl<L: Launcher, X: HandoverCopy> Worker for DisaggregatedWorker<L, X> {
                     self.lm.run(&mut lm, index)?;
                 }
                 self.lm.finish(&lm)?;
-                return Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec, holds_lane: false });
+                return Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec, turn: None });
             }
         };
         for index in num_head..lm.launches.len() {
             self.lm.run(&mut lm, index)?;
         }
         self.lm.finish(&lm)?;
-        let holds_lane = !codec_plan.codec.is_empty();
-        if holds_lane {
-            lane.acquire(codec_plan.codec.deadline);
-        }
-        let codec = self.codec_step(&codec_plan, nbytes);
-        if codec.is_err() {
-            self.release_lane(holds_lane);
-        }
-        Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec: codec?, holds_lane })
+        let turn = if codec_plan.codec.is_empty() { None } else { Some(lane.turn(codec_plan.codec.deadline)) };
+        let codec = self.codec_step(&codec_plan, nbytes)?; // an error drops the turn
+        Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec, turn })
     }
 
     fn collect(&mut self, handle: DisaggregatedHandle) -> Result<StepResult, String> {
         let codec = self.codec.collect(handle.codec);
-        self.release_lane(handle.holds_lane);
+        drop(handle.turn);
         let (codec, lm) = (codec?, self.lm.collect(handle.lm)?);
         Ok(StepResult { step_id: handle.step_id, prefill_kind: lm.prefill_kind, decode_kind: lm.decode_kind,
                         pcm: codec.pcm, stage_seconds: joined_seconds(lm.stage_seconds, codec.stage_seconds) })
