@@ -1,18 +1,19 @@
 //! `_rt.serve(config_json)`: the entry point vox_serve/launch.py calls for `--runtime rust`.
 //!
-//! The engine is built in this interpreter (vox_serve/rust_host.py calls
-//! `vox_serve.engine.build_engine`), then a scheduler thread serves it from its spec: the Rust
-//! scheduler plans, the engine driver writes and launches, and the calling thread waits with the
-//! GIL released. This build serves bench mode (`--bench-requests N`); serving over HTTP is the
-//! next issue. Bench mode runs its phases (`--bench-rate`) on one engine loop, each on a scheduler
-//! thread, and hands each phase's outcomes to vox_serve/bench_report.py, which reports both runtimes.
+//! Each replica's engine (`--dp-size N`: N of them, replica i on GPU i) is built in this interpreter
+//! (vox_serve/rust_host.py calls `vox_serve.engine.build_engine`), then a scheduler thread per replica
+//! serves it from its spec: the Rust scheduler plans, the engine driver writes and launches, and the
+//! calling thread plays the clients with the GIL released (serve/bench.rs). This build serves bench
+//! mode (`--bench-requests N`); serving over HTTP is the next issue. Bench mode runs its phases
+//! (`--bench-rate`) on the same loops and hands each phase's outcomes to vox_serve/bench_report.py,
+//! which reports both runtimes.
+
+use std::sync::Arc;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use serde_json::Value;
-
-use std::sync::Arc;
 
 use crate::driver::{CodecLane, EngineSpec};
 use crate::sched::engine_loop::{BoxWorker, EngineLoop, Worker};
