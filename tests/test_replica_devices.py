@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from vox_serve.config import EngineConfig, ModelConfig, ServerConfig, VoxConfig
-from vox_serve.engine.disagg import codec_device_of
-from vox_serve.engine.placement import replica_config
+from vox_serve.engine.placement import codec_device, replica_config
 
 
 def _gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
@@ -31,9 +30,10 @@ def test_replica_i_runs_on_gpu_i(monkeypatch: pytest.MonkeyPatch, device: str) -
 
 def test_disaggregated_replicas_take_gpu_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
     _gpus(monkeypatch, 4)
-    lm = [torch.device(replica_config(_config("auto", 2, disaggregated=True), i).model.device) for i in (0, 1)]
-    assert lm == [torch.device("cuda:0"), torch.device("cuda:2")]
-    assert [codec_device_of(d) for d in lm] == [torch.device("cuda:1"), torch.device("cuda:3")]
+    config = _config("auto", 2, disaggregated=True)
+    lm = [replica_config(config, i).model.device for i in (0, 1)]
+    assert lm == ["cuda:0", "cuda:2"]
+    assert [codec_device(d, config) for d in lm] == ["cuda:1", "cuda:3"]
 
 
 @pytest.mark.parametrize("gpus,dp,disaggregated,match", [
@@ -52,7 +52,7 @@ def test_a_codec_needs_the_gpu_after_the_lm(monkeypatch: pytest.MonkeyPatch) -> 
 
     _gpus(monkeypatch, 1)
     with pytest.raises(ConfigError, match=r"the codec on the GPU after the LM's \(cuda:1\); 1 GPU\(s\) visible"):
-        codec_device_of(torch.device("cuda"))
+        codec_device("cuda", _config("cuda", 1, disaggregated=True))
 
 
 def test_cpu_replicas_share_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,4 +60,4 @@ def test_cpu_replicas_share_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     for device in ("auto", "cpu"):
         config = _config(device, 2, disaggregated=True)
         assert {replica_config(config, i).model.device for i in (0, 1)} == {"cpu"}
-    assert codec_device_of(torch.device("cpu")) == torch.device("cpu")
+    assert codec_device("cpu", _config("cpu", 1, disaggregated=True)) == "cpu"

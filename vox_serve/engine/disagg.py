@@ -29,14 +29,8 @@ import torch
 
 from vox_serve.config import VoxConfig
 from vox_serve.core.stages import EngineHalf
+from vox_serve.engine.placement import codec_device
 from vox_serve.rt.program import Program
-
-
-def codec_device_of(lm_device: torch.device, config: VoxConfig | None = None) -> torch.device:
-    """The codec half's device (engine/placement.py `codec_device`)."""
-    from vox_serve.engine.placement import codec_device
-
-    return torch.device(codec_device(str(lm_device), config or VoxConfig()))
 
 
 def move_module(module: torch.nn.Module, device: torch.device) -> None:
@@ -68,5 +62,5 @@ def disaggregated_spec(program: Program, config: VoxConfig) -> dict[str, Any]:
     """Split `program`, build and register both halves; the pair of their specs."""
     from vox_serve.engine.build import engine_of_program
 
-    lm, codec = split_program(program, codec_device_of(program.device, config))
+    lm, codec = split_program(program, torch.device(codec_device(str(program.device), config)))
     return {"disaggregated": True, "lm": engine_of_program(lm, config), "codec": engine_of_program(codec, config)}
