@@ -90,8 +90,21 @@ def _origins(text: str | None) -> tuple[str, ...]:
     return tuple(o.strip() for o in (text or "").split(",") if o.strip())
 
 
-def _rates(text: str | None) -> tuple[float, ...]:
-    return parse_bench_rates(text)
+def parse_bench_rates(text: str | None) -> tuple[float, ...]:
+    """--bench-rate's phases: requests per second, 0 for all at once (`0` or `inf`); () without the flag."""
+    if text is None:
+        return ()
+    rates = []
+    for item in text.split(","):
+        try:
+            rate = float(item)
+        except ValueError:
+            rate = math.nan
+        if not rate >= 0:
+            raise CliError(f"--bench-rate {text!r}: {item.strip()!r} is not a rate (requests per second >= 0, "
+                           "or inf: all at once)")
+        rates.append(0.0 if math.isinf(rate) else rate)
+    return tuple(rates)
 
 
 RUST_ONLY = frozenset({RS})
@@ -176,7 +189,7 @@ FLAGS: tuple[Flag, ...] = (
        help='JSON request fields: voice, sampling overrides, max_tokens, ignore_eos, seed'),
     _f("--bench-audio", to=BenchConfig, name="audio",
        help="reference audio file sent as every bench request's `audio` (voice clones)"),
-    _f("--bench-rate", to=BenchConfig, name="rates", convert=_rates, default=None,
+    _f("--bench-rate", to=BenchConfig, name="rates", convert=parse_bench_rates, default=None,
        help="comma-separated request rates (per second): one phase of --bench-requests N per rate on the same "
             "engine, Poisson arrivals seeded by --seed; 0 or inf: all at once (the default)"),
     _f("--bench-json", to=BenchConfig, name="json_path",
@@ -314,23 +327,6 @@ def _check_values(kept: dict[str, Any], runtime: str) -> None:
     for dest in ("bench_rate", "bench_json"):
         if dest in kept and "bench_requests" not in kept:
             raise CliError(f"--{dest.replace('_', '-')} needs --bench-requests N (the requests of each phase)")
-
-
-def parse_bench_rates(text: str | None) -> tuple[float, ...]:
-    """--bench-rate's phases: requests per second, 0 for all at once (`0` or `inf`); () without the flag."""
-    if text is None:
-        return ()
-    rates = []
-    for item in text.split(","):
-        try:
-            rate = float(item)
-        except ValueError:
-            rate = math.nan
-        if not rate >= 0:
-            raise CliError(f"--bench-rate {text!r}: {item.strip()!r} is not a rate (requests per second >= 0, "
-                           "or inf: all at once)")
-        rates.append(0.0 if math.isinf(rate) else rate)
-    return tuple(rates)
 
 
 def _check_scheduler(kept: dict[str, Any]) -> None:

@@ -60,7 +60,7 @@ impl CodecLane {
     }
 
     /// Wait until this batch holds the lane; every `acquire` is followed by one `release`.
-    pub fn acquire(&self, deadline: Option<f64>) {
+    fn acquire(&self, deadline: Option<f64>) {
         let mut state = self.lock();
         let ticket = state.next_ticket;
         state.next_ticket += 1;
@@ -82,7 +82,7 @@ impl CodecLane {
         }
     }
 
-    pub fn release(&self) {
+    fn release(&self) {
         let mut state = self.lock();
         state.held = false;
         drop(state);

@@ -86,14 +86,17 @@ impl ReplicaRun<'_> {
     fn admit<W: Worker>(&mut self, lp: &mut EngineLoop<W>, index: usize) {
         let req = self.shared.outcomes()[index].req.clone();
         let now = self.shared.now();
-        match lp.scheduler.add_request(req) {
+        let added = lp.scheduler.add_request(req);
+        let mut outcomes = self.shared.outcomes();
+        let outcome = &mut outcomes[index];
+        match added {
             Ok(key) => {
                 self.by_key.insert(key, index);
-                self.by_id.insert(self.shared.outcomes()[index].req.req_id.clone(), index);
-                self.shared.outcomes()[index].admitted = Some(now);
+                self.by_id.insert(outcome.req.req_id.clone(), index);
+                outcome.admitted = Some(now);
             }
             Err(e) => {
-                self.shared.outcomes()[index].failed(e.to_string());
+                outcome.failed(e.to_string());
                 self.shared.load[self.replica].fetch_sub(1, Ordering::SeqCst);
             }
         }

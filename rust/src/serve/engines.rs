@@ -58,6 +58,14 @@ impl Engines {
         Ok(Engines { planned, codec: Some(codec), lane: None })
     }
 
+    /// A disaggregated worker joined to this replica's codec lane, if it shares one.
+    fn with_lane<L: Launcher, X: HandoverCopy>(&self, worker: DisaggregatedWorker<L, X>) -> DisaggregatedWorker<L, X> {
+        match &self.lane {
+            Some(lane) => worker.with_lane(lane.clone()),
+            None => worker,
+        }
+    }
+
     /// Build the worker (`time_stages`: CUDA events around every launch) and run it with `user`.
     pub fn build<U: WithWorker>(&self, py: Python, host: &PyModule, time_stages: bool, user: U) -> PyResult<U::Out> {
         let value_err = pyo3::exceptions::PyValueError::new_err;
@@ -80,15 +88,6 @@ impl Engines {
                 let worker = DisaggregatedWorker::new((lm, lm_launcher), (codec, codec_launcher), copier);
                 user.with(self.with_lane(worker.map_err(value_err)?))
             }
-        }
-    }
-}
-
-impl Engines {
-    fn with_lane<L: Launcher, X: HandoverCopy>(&self, worker: DisaggregatedWorker<L, X>) -> DisaggregatedWorker<L, X> {
-        match &self.lane {
-            Some(lane) => worker.with_lane(lane.clone()),
-            None => worker,
         }
     }
 }

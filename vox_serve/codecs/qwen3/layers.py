@@ -49,10 +49,9 @@ class SnakeBeta(nn.Module):
             return codec_kernels.snake(x, *self._factors(), context=context)
         return torch.cat([context, self(x)], dim=-1)
 
-    def _factors(self) -> tuple[Tensor, Tensor]:
+    def _factors(self) -> tuple[Tensor, ...]:
         """(e^alpha, 1 / (e^beta + 1e-9)), each [1, C, 1]."""
-        alpha, inv_beta = self._derived.get(self.alpha, self.beta)
-        return alpha, inv_beta
+        return self._derived.get(self.alpha, self.beta)
 
 
 class ConvNeXtBlock(nn.Module):
