@@ -5,8 +5,8 @@
 
 Takes the server's flags and builds the engine as the server does (KV sized, stages captured). For
 every scenario (prefill of short prompts, decode at several batch sizes with a 512-token context,
-codec chunks at several batch sizes; `STAGES=codec` or `STAGES=prefill,decode` keeps some, `TOP=N`
-lists N kernels) it reports, per launch: the whole step through the spec-driven
+codec chunks at several batch sizes; `STAGES=codec` or `STAGES=prefill,decode` keeps some, `BATCHES=1,4`
+sets the decode batches, `TOP=N` lists N kernels) it reports, per launch: the whole step through the spec-driven
 worker (host write, one upload, attention planning, launch, one download), the captured graph replayed
 alone, the stage run eagerly, and the top kernels of one eager run (torch.profiler). Slots are admitted
 with synthetic page tables (every row holds its own pages), so this measures stages, not scheduling.
@@ -55,12 +55,16 @@ def admission_plans(program: Program, num_slots: int) -> list[StepPlan]:
         raise SystemExit(f"{num_slots} rows of {CONTEXT + PREFILL_TOKENS} tokens need {num_slots * per} KV pages; "
                          f"the cache has {lim.num_pages - 1} (raise --gpu-memory-utilization or lower batches)")
     per_step = max(1, min(lim.max_admits, lim.max_page_updates // per))
+    d = program.meta.default_sampling  # the model's own defaults (Qwen3-TTS: top-k 50, no top-p; Orpheus: top-p 0.8)
+    sampling = dict(temperature=float(d.get("temperature", 1.0)), top_k=int(d.get("top_k", 0)),
+                    top_p=float(d.get("top_p", 1.0)), min_p=float(d.get("min_p", 0.0)),
+                    repetition_penalty=float(d.get("repetition_penalty", 1.0)))
     plans = []
     for first in range(0, num_slots, per_step):
         slots = np.arange(first, min(first + per_step, num_slots), dtype=np.int32)
-        admits = [SlotInit(slot=int(s), prompt_len=PREFILL_TOKENS, temperature=0.6, top_k=0, top_p=0.8, min_p=0.0,
-                           repetition_penalty=1.3, repetition_window=min(64, lim.repetition_window), seed=int(s),
-                           allow_stop=False) for s in slots]
+        admits = [SlotInit(slot=int(s), prompt_len=PREFILL_TOKENS, **sampling,
+                           repetition_window=min(64, lim.repetition_window), seed=int(s), allow_stop=False)
+                  for s in slots]
         slot_col = np.repeat(slots, per)
         index = np.tile(np.arange(per, dtype=np.int32), len(slots))
         pages = PageUpdates(slot_col, index, (1 + slot_col * per + index).astype(np.int32))
@@ -158,7 +162,8 @@ def main() -> None:
     for plan in admission_plans(program, largest):
         worker.execute(plan)
     scenarios = [(Stage.PREFILL, n) for n in (1, 4) if n <= lim.max_prefill_seqs]
-    scenarios += [(Stage.DECODE, n) for n in (1, 16, 64, 128, 256) if n <= lim.max_batch]
+    decode_rows = [int(n) for n in os.environ.get("BATCHES", "1,16,64,128,256").split(",")]  # e.g. BATCHES=1,4
+    scenarios += [(Stage.DECODE, n) for n in decode_rows if n <= lim.max_batch]
     scenarios += [(Stage.CODEC, n) for n in (1, 16, 64, 128, 256) if n <= lim.max_codec_batch]
     wanted = os.environ.get("STAGES")  # e.g. STAGES=codec: only those stages' scenarios
     if wanted:

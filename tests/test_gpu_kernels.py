@@ -7,9 +7,10 @@ import pytest
 import torch
 from decoder_stack_helpers import relative_errors, stack_outputs
 from sampling_helpers import random_case, to_cuda
+from triton_checks.check_ops import check_small_gemm
 
 from vox_serve.layers.rope import RotaryEmbedding
-from vox_serve.rt import codec_kernels, kernels, triton_ops
+from vox_serve.rt import codec_kernels, kernels, small_gemm, triton_ops
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or triton_ops.triton is None, reason="CUDA + Triton")]
@@ -161,3 +162,25 @@ def test_decoder_stack_with_triton_equals_the_reference_path(kind: str, qk_norm:
     ref = stack_outputs(kind, qk_norm, dtype, "cuda")
     errors = relative_errors(fused, ref)
     assert max(errors) < (1e-4 if dtype == torch.float32 else 3e-2), errors
+
+
+def test_small_row_projections_match_the_reference() -> None:
+    """rt.small_gemm's kernels compiled (FMA and tensor-core paths, float32 and bfloat16) against the unfused
+    ops on the CPU, as the interpreter check does."""
+    try:
+        check_small_gemm("cuda")
+    finally:
+        small_gemm.forced = None
+
+
+@pytest.mark.parametrize("dot", [False, True])
+@pytest.mark.parametrize("kind", ["paged", "depth"])
+def test_decoder_stack_with_small_row_projections(kind: str, dot: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bf16 stack with every projection of <= 16 rows through rt.small_gemm against the stack with Triton off."""
+    monkeypatch.setattr(small_gemm, "forced", lambda kind, m, n, k: small_gemm.BlockConfig(16, 64, dot=dot))
+    fused = stack_outputs(kind, True, torch.bfloat16, "cuda")
+    monkeypatch.setattr(small_gemm, "forced", None)
+    monkeypatch.setattr(triton_ops, "enabled", lambda t: False)
+    ref = stack_outputs(kind, True, torch.bfloat16, "cuda")
+    errors = relative_errors(fused, ref)
+    assert max(errors) < 3e-2, errors

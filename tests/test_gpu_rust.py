@@ -101,6 +101,25 @@ def test_rust_sampler_draws_the_reference_tokens(vocab: int) -> None:
         assert (got == fused).float().mean().item() >= 0.98
 
 
+@pytest.mark.parametrize("vocab", [2048, 3072])
+def test_rust_sampler_draws_the_reference_tokens_at_qwen3_tts_defaults(vocab: int) -> None:
+    """Qwen3-TTS's sampling (temperature 0.9, top-k 50, top-p 1.0: rows the kernel samples without
+    sorting) for the code predictor's vocabulary and the talker's, whose rows also carry a history."""
+    require_kernels()
+    gen = torch.Generator().manual_seed(vocab + 1)
+    rows = 64
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    params = kernels.SamplingTensors.filled(rows, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
+    params.seed = torch.randint(0, 2**40, (rows,), generator=gen)
+    params.offset = torch.randint(0, 10**6, (rows,), generator=gen)
+    params.temperature[:8] = 0.0
+    history = torch.randint(-1, vocab, (rows, 256), generator=gen) if vocab == 3072 else None
+    ref = kernels.sample(logits, params, history, None)
+    got = _rust_sample(logits.cuda(), to_cuda(params), None if history is None else history.cuda(), None).cpu()
+    assert torch.equal(got[:8], ref[:8])  # greedy rows are exact
+    assert (got == ref).float().mean().item() >= 0.98
+
+
 def test_rust_sampler_rows_are_independent_and_repeatable() -> None:
     """A row's token depends on its own logits, parameters, seed and offset only."""
     require_kernels()

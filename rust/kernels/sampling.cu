@@ -8,6 +8,12 @@
 // - vox_sample: `sample`: allowed mask, repetition penalty, temperature, softmax, top-k / top-p /
 //   min-p over the descending order (ties by ascending id), renormalisation, then the exponential
 //   race argmax(p / -log U) over the same uniforms. Greedy rows (temperature <= 0) take the argmax.
+//   One block per row, on one of two paths (chosen per row, so a block never diverges):
+//   - rows with top_p < 1 need the cumulative mass in descending order: a bitonic sort of the row's
+//     keys in shared memory, then scans over the ranks;
+//   - the others (top_p >= 1, and greedy rows) need no order: each thread keeps its columns in
+//     registers; the rank-0 token is a block argmax, and top-k keeps the keys up to the k-th
+//     smallest, found by a radix select (8 bits a pass, integer counts, so deterministic).
 // Probabilities can differ from the reference's in the last bits (sums in another order), so a
 // draw whose top-p boundary or race is tied to the last bit can pick another token; greedy rows and
 // the RNG bits are exact.
@@ -160,9 +166,14 @@ struct SampleArgs {
   uint32_t salt;
 };
 
-// Sorted keys: the inverted order of the filtered logit above the token id, so an ascending sort
-// gives descending logits with ties by ascending id (the reference's stable descending sort).
-__device__ void write_sort_keys(const SampleArgs& a, int64_t row, uint64_t* keys, uint8_t* present) {
+// A row's sort key: the inverted order of its filtered logit above the token id, so ascending keys
+// give descending logits with ties by ascending id (the reference's stable descending sort).
+__device__ __forceinline__ uint64_t rank_key(float z, int col) {
+  return (static_cast<uint64_t>(~float_order(z)) << 32) | static_cast<uint32_t>(col);
+}
+
+// The row's repetition-penalty marks: present[col] = 1 for the tokens of its history.
+__device__ void mark_history(const SampleArgs& a, int64_t row, uint8_t* present) {
   for (int col = threadIdx.x; col < a.vocab; col += kThreads) present[col] = 0;
   __syncthreads();
   if (a.history != nullptr) {
@@ -172,20 +183,230 @@ __device__ void write_sort_keys(const SampleArgs& a, int64_t row, uint64_t* keys
     }
   }
   __syncthreads();
+}
+
+// The filtered logit of a column (< vocab): allowed mask, repetition penalty, temperature.
+__device__ __forceinline__ float filtered_logit(const SampleArgs& a, int64_t row, int col, const uint8_t* present) {
   const float temperature = a.temperature[row];
   const float divisor = temperature <= 0.0f ? 1.0f : temperature;
   const float factor = a.history != nullptr ? a.penalty[row] : 1.0f;
+  float x = a.logits[row * a.vocab + col];
+  if (a.allowed != nullptr && a.allowed[row * a.vocab + col] == 0) x = __uint_as_float(kNegInfBits);
+  if (present[col]) x = x > 0.0f ? x / factor : x * factor;
+  return x / divisor;
+}
+
+// Sort keys of the row's columns, padded with -inf keys past the vocabulary up to sort_len.
+__device__ void write_sort_keys(const SampleArgs& a, int64_t row, uint64_t* keys, uint8_t* present) {
+  mark_history(a, row, present);
   for (int col = threadIdx.x; col < a.sort_len; col += kThreads) {
-    float z = __uint_as_float(kNegInfBits);
-    if (col < a.vocab) {
-      float x = a.logits[row * a.vocab + col];
-      if (a.allowed != nullptr && a.allowed[row * a.vocab + col] == 0) x = __uint_as_float(kNegInfBits);
-      if (present[col]) x = x > 0.0f ? x / factor : x * factor;
-      z = x / divisor;
-    }
-    keys[col] = (static_cast<uint64_t>(~float_order(z)) << 32) | static_cast<uint32_t>(col);
+    const float z = col < a.vocab ? filtered_logit(a, row, col, present) : __uint_as_float(kNegInfBits);
+    keys[col] = rank_key(z, col);
   }
   __syncthreads();
+}
+
+struct Add {
+  __device__ double operator()(double x, double y) const { return x + y; }
+};
+
+// The race score of a kept probability (0 for a filtered token); U is strictly inside (0, 1), so
+// -log U is finite and positive.
+__device__ __forceinline__ float race_score(float prob, float kept_total, uint32_t key, int32_t id) {
+  return (prob / kept_total) / -logf(hash_uniform_at(key, static_cast<uint32_t>(id)));
+}
+
+struct Scratch {
+  double* sum;
+  ScoreId* arg;
+};
+
+// ---- rows with top_p < 1: the sorted order ---------------------------------------------------
+
+__device__ int32_t sample_sorted(const SampleArgs& a, int64_t row, uint64_t* keys, uint8_t* present, Scratch s) {
+  write_sort_keys(a, row, keys, present);
+  bitonic_sort(keys, a.sort_len);
+
+  // Each thread owns `per` (<= kMaxPerThread) consecutive ranks of the sorted row (loops unrolled to
+  // kMaxPerThread keep probs in registers).
+  const int per = a.sort_len / kThreads, first = threadIdx.x * per;
+  const float top = sorted_logit(keys[0]);
+  float probs[kMaxPerThread];
+  double local = 0.0;
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread && i < per; ++i) {
+    probs[i] = expf(sorted_logit(keys[first + i]) - top);
+    local += probs[i];
+  }
+  const float total = static_cast<float>(block_reduce(local, s.sum, Add()));
+  const int64_t top_k = a.top_k[row];
+  local = 0.0;
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread && i < per; ++i) {
+    probs[i] /= total;
+    if (top_k <= 0 || first + i < top_k) local += probs[i];
+  }
+  // Top-p is measured on the renormalised top-k distribution: against top_p * (top-k mass).
+  const float mass_k = static_cast<float>(block_reduce(local, s.sum, Add()));
+  local = 0.0;
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread && i < per; ++i) local += probs[i];
+  double cumulative = block_exclusive_scan(local, s.sum);
+
+  const bool greedy = a.temperature[row] <= 0.0f;
+  const float top_p = a.top_p[row];
+  const float min_prob = a.min_p[row] * (1.0f / total);  // rank 0 has probability exp(0) / total
+  local = 0.0;
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread && i < per; ++i) {
+    const int rank = first + i;
+    cumulative += probs[i];
+    const float mass_before = static_cast<float>(cumulative) - probs[i];  // the reference's cumsum - p
+    bool keep = (top_k <= 0 || rank < top_k) && (top_p >= 1.0f || mass_before < top_p * mass_k);
+    keep = (keep && probs[i] >= min_prob) || rank == 0;
+    probs[i] = keep && (!greedy || rank == 0) ? probs[i] : 0.0f;
+    local += probs[i];
+  }
+  const float kept_total = static_cast<float>(block_reduce(local, s.sum, Add()));
+
+  const uint32_t key = hash_key(a.seed[row], a.offset[row], a.salt);
+  ScoreId best = {-1.0f, 0x7FFFFFFF};
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread && i < per; ++i) {
+    const int32_t id = static_cast<int32_t>(keys[first + i] & 0xFFFFFFFFu);
+    if (id < a.vocab) best = better(best, {race_score(probs[i], kept_total, key, id), id});
+  }
+  return block_argmax(best, s.arg).id;
+}
+
+// ---- rows with top_p >= 1 (and greedy rows): no order needed ---------------------------------
+
+// A thread's i-th column: strided, so loads coalesce; columns >= vocab hold nothing.
+__device__ __forceinline__ int column(int i) { return static_cast<int>(threadIdx.x) + i * kThreads; }
+
+static_assert(kThreads * kMaxPerThread <= 65536, "the radix select counts 16 id bits");
+
+// Radix-select state in shared memory: a histogram, then the chosen bin, the rank inside it and
+// whether that rank is the bin's last.
+constexpr int kBins = 256, kBinOut = kBins, kRankOut = kBins + 1, kLastOut = kBins + 2;
+constexpr int kSelectWords = kBins + 3;
+
+// Warp 0: the bin holding the counted key of 0-based `rank`; each lane scans 8 bins.
+__device__ void pick_bin(uint32_t* hist, uint32_t rank) {
+  const int lane = threadIdx.x, base = lane * (kBins / 32);
+  uint32_t sum = 0;
+  for (int b = 0; b < kBins / 32; ++b) sum += hist[base + b];
+  uint32_t inclusive = sum;
+  for (int d = 1; d < 32; d <<= 1) {
+    const uint32_t up = __shfl_up_sync(0xFFFFFFFFu, inclusive, d);
+    if (lane >= d) inclusive += up;
+  }
+  uint32_t before = inclusive - sum;
+  if (rank < before || rank >= inclusive) return;
+  for (int b = 0; b < kBins / 32; ++b) {
+    const uint32_t count = hist[base + b];
+    if (rank < before + count) {
+      hist[kBinOut] = base + b;
+      hist[kRankOut] = rank - before;
+      hist[kLastOut] = rank - before + 1 == count;
+      return;
+    }
+    before += count;
+  }
+}
+
+// Top-k keeps a key iff (key & mask) <= prefix.
+struct KthKey {
+  uint64_t prefix, mask;
+};
+
+// The key of 0-based `rank` among the row's (unique) keys, radix-selected 8 bits a pass over the
+// high word, then over the id's 16 low bits (the bits between are 0). It stops at the first pass
+// whose chosen bin ends at that rank: every key of that bin is then <= the wanted one.
+__device__ KthKey select_kth(const float (&z)[kMaxPerThread], int vocab, uint32_t rank, uint32_t* hist) {
+  KthKey kth = {0, 0};
+  for (int pass = 0; pass < 6; ++pass) {
+    const int shift = pass < 4 ? 56 - 8 * pass : 8 * (5 - pass);  // 56, 48, 40, 32, 8, 0
+    if (threadIdx.x < kBins) hist[threadIdx.x] = 0;
+    __syncthreads();  // also: every thread has read the previous pass's choice
+#pragma unroll
+    for (int i = 0; i < kMaxPerThread; ++i) {
+      const uint64_t key = rank_key(z[i], column(i));
+      if (column(i) < vocab && (key & kth.mask) == kth.prefix) atomicAdd(&hist[(key >> shift) & 0xFFu], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) pick_bin(hist, rank);
+    __syncthreads();
+    kth.prefix |= static_cast<uint64_t>(hist[kBinOut]) << shift;
+    kth.mask |= 0xFFull << shift;
+    rank = hist[kRankOut];
+    if (hist[kLastOut]) break;
+  }
+  return kth;
+}
+
+// The thread's filtered logits; -0 reads as +0 so that keys order them equal, as the reference's
+// sort does (the sorted path keeps the raw bits).
+__device__ void load_logits(const SampleArgs& a, int64_t row, const uint8_t* present, float (&z)[kMaxPerThread]) {
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread; ++i) {
+    const float x = column(i) < a.vocab ? filtered_logit(a, row, column(i), present) : __uint_as_float(kNegInfBits);
+    z[i] = x == 0.0f ? 0.0f : x;
+  }
+}
+
+// Bit i set: the thread's i-th column is within the top k (all of them without a top-k).
+__device__ uint32_t top_k_columns(const SampleArgs& a, int64_t row, const float (&z)[kMaxPerThread], uint32_t* hist) {
+  const int64_t top_k = a.top_k[row];
+  KthKey kth = {~0ull, ~0ull};
+  if (top_k > 0 && top_k < a.vocab) kth = select_kth(z, a.vocab, static_cast<uint32_t>(top_k - 1), hist);
+  uint32_t bits = 0;
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread; ++i) {
+    if (column(i) < a.vocab && (rank_key(z[i], column(i)) & kth.mask) <= kth.prefix) bits |= 1u << i;
+  }
+  return bits;
+}
+
+__device__ int32_t sample_unsorted(const SampleArgs& a, int64_t row, uint32_t* hist, uint8_t* present, Scratch s) {
+  mark_history(a, row, present);
+  float z[kMaxPerThread];
+  load_logits(a, row, present, z);
+  ScoreId first = {__uint_as_float(kNegInfBits), 0x7FFFFFFF};  // rank 0: the max, ties to the lowest id
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread; ++i) {
+    if (column(i) < a.vocab) first = better(first, {z[i], column(i)});
+  }
+  first = block_argmax(first, s.arg);
+  if (a.temperature[row] <= 0.0f) return first.id;
+
+  const uint32_t in_top_k = top_k_columns(a, row, z, hist);
+  float probs[kMaxPerThread];
+  double local = 0.0;
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread; ++i) {
+    probs[i] = column(i) < a.vocab ? expf(z[i] - first.score) : 0.0f;
+    local += probs[i];
+  }
+  const float total = static_cast<float>(block_reduce(local, s.sum, Add()));
+  const float min_prob = a.min_p[row] * (1.0f / total);  // rank 0 has probability exp(0) / total
+  local = 0.0;
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread; ++i) {
+    probs[i] /= total;
+    const bool keep = (((in_top_k >> i) & 1u) && probs[i] >= min_prob) || column(i) == first.id;
+    probs[i] = keep ? probs[i] : 0.0f;
+    local += probs[i];
+  }
+  const float kept_total = static_cast<float>(block_reduce(local, s.sum, Add()));
+
+  const uint32_t key = hash_key(a.seed[row], a.offset[row], a.salt);
+  ScoreId best = {-1.0f, 0x7FFFFFFF};
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread; ++i) {
+    if (column(i) < a.vocab) best = better(best, {race_score(probs[i], kept_total, key, column(i)), column(i)});
+  }
+  return block_argmax(best, s.arg).id;
 }
 
 }  // namespace
@@ -198,64 +419,19 @@ extern "C" __global__ void vox_hash_uniform(const int64_t* seed, const int64_t* 
   out[i] = hash_uniform_at(hash_key(seed[row], offset[row], salt), static_cast<uint32_t>(i % n));
 }
 
-// One block of kThreads per row; dynamic shared memory: sort_len * 8 + vocab bytes.
+// One block of kThreads per row; dynamic shared memory: sort_len * 8 + vocab bytes (the sort keys,
+// or the radix select's words, then the history marks).
 extern "C" __global__ void __launch_bounds__(kThreads) vox_sample(SampleArgs a) {
   extern __shared__ uint64_t keys[];
   __shared__ double sum_scratch[32];
   __shared__ ScoreId arg_scratch[32];
+  static_assert(kSelectWords * 4 <= kThreads * 8, "sort_len >= kThreads");
   uint8_t* present = reinterpret_cast<uint8_t*>(keys + a.sort_len);
   const int64_t row = blockIdx.x;
-  write_sort_keys(a, row, keys, present);
-  bitonic_sort(keys, a.sort_len);
-
-  // Each thread owns `per` (<= kMaxPerThread) consecutive ranks of the sorted row.
-  const int per = a.sort_len / kThreads, first = threadIdx.x * per;
-  const auto add = [](double x, double y) { return x + y; };
-  const float top = sorted_logit(keys[0]);
-  float probs[kMaxPerThread];
-  double local = 0.0;
-  for (int i = 0; i < per; ++i) {
-    probs[i] = expf(sorted_logit(keys[first + i]) - top);
-    local += probs[i];
-  }
-  const float total = static_cast<float>(block_reduce(local, sum_scratch, add));
-  const int64_t top_k = a.top_k[row];
-  local = 0.0;
-  for (int i = 0; i < per; ++i) {
-    probs[i] /= total;
-    if (top_k <= 0 || first + i < top_k) local += probs[i];
-  }
-  // Top-p is measured on the renormalised top-k distribution: against top_p * (top-k mass).
-  const float mass_k = static_cast<float>(block_reduce(local, sum_scratch, add));
-  local = 0.0;
-  for (int i = 0; i < per; ++i) local += probs[i];
-  double cumulative = block_exclusive_scan(local, sum_scratch);
-
-  const bool greedy = a.temperature[row] <= 0.0f;
-  const float top_p = a.top_p[row];
-  const float min_prob = a.min_p[row] * (1.0f / total);  // rank 0 has probability exp(0) / total
-  local = 0.0;
-  for (int i = 0; i < per; ++i) {
-    const int rank = first + i;
-    cumulative += probs[i];
-    const float mass_before = static_cast<float>(cumulative) - probs[i];  // the reference's cumsum - p
-    bool keep = (top_k <= 0 || rank < top_k) && (top_p >= 1.0f || mass_before < top_p * mass_k);
-    keep = (keep && probs[i] >= min_prob) || rank == 0;
-    probs[i] = keep && (!greedy || rank == 0) ? probs[i] : 0.0f;
-    local += probs[i];
-  }
-  const float kept_total = static_cast<float>(block_reduce(local, sum_scratch, add));
-
-  const uint32_t key = hash_key(a.seed[row], a.offset[row], a.salt);
-  ScoreId best = {-1.0f, 0x7FFFFFFF};
-  for (int i = 0; i < per; ++i) {
-    const int32_t id = static_cast<int32_t>(keys[first + i] & 0xFFFFFFFFu);
-    if (id < a.vocab) {
-      // Filtered tokens score 0; U is strictly inside (0, 1), so -log U is finite and positive.
-      const float score = (probs[i] / kept_total) / -logf(hash_uniform_at(key, static_cast<uint32_t>(id)));
-      best = better(best, {score, id});
-    }
-  }
-  best = block_argmax(best, arg_scratch);
-  if (threadIdx.x == 0) a.out[row] = best.id;
+  const Scratch s = {sum_scratch, arg_scratch};
+  // Greedy rows keep rank 0 whatever top_p is; a NaN top_p takes the sorted path (which keeps rank 0).
+  const bool sorted = !(a.top_p[row] >= 1.0f) && a.temperature[row] > 0.0f;
+  const int32_t token = sorted ? sample_sorted(a, row, keys, present, s)
+                               : sample_unsorted(a, row, reinterpret_cast<uint32_t*>(keys), present, s);
+  if (threadIdx.x == 0) a.out[row] = token;
 }

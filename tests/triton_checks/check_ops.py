@@ -5,7 +5,7 @@ import sys
 import torch
 
 from vox_serve.layers.rope import RotaryEmbedding
-from vox_serve.rt import codec_kernels, kernels, triton_ops
+from vox_serve.rt import codec_kernels, kernels, small_gemm, triton_ops
 
 
 def check_hash() -> None:
@@ -179,16 +179,79 @@ def check_decoder_stack() -> None:
     stack (prefill, then decode with padded rows) and a depth transformer, with and without per-head q/k norms."""
     from tests.decoder_stack_helpers import relative_errors, stack_outputs
 
+    configs = (None, small_gemm.BlockConfig(16, 32), small_gemm.BlockConfig(16, 32, dot=True))
     for kind in ("paged", "depth"):
         for qk_norm in (False, True):
             ref = stack_outputs(kind, qk_norm, torch.float32, "cpu")
-            enabled, triton_ops.enabled = triton_ops.enabled, lambda t: True
-            try:
-                got = stack_outputs(kind, qk_norm, torch.float32, "cpu")
-            finally:
-                triton_ops.enabled = enabled
-            errors = relative_errors(got, ref)
-            assert max(errors) < 1e-5, (kind, qk_norm, errors)
+            for config in configs:  # the projections unfused, then through rt.small_gemm's two paths
+                enabled, triton_ops.enabled = triton_ops.enabled, lambda t: True
+                small_gemm.forced = None if config is None else (lambda kind, m, n, k, c=config: c)
+                try:
+                    got = stack_outputs(kind, qk_norm, torch.float32, "cpu")
+                finally:
+                    triton_ops.enabled, small_gemm.forced = enabled, None
+                errors = relative_errors(got, ref)
+                assert max(errors) < 1e-5, (kind, qk_norm, config, errors)
+
+
+def _small_gemm_reference(kind: "small_gemm.Kind", x: torch.Tensor, delta: torch.Tensor | None, norm_w: torch.Tensor,
+                          w: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unfused ops, rounded as they are: the sum, the normed rows, the projections, then the gate."""
+    total = x if delta is None else (x.float() + delta.float()).to(x.dtype)
+    if kind is small_gemm.Kind.PLAIN:
+        y = total.float() @ w.float().t() + (0 if bias is None else bias.float())
+        return total, y.to(x.dtype)
+    s = total.float()
+    h = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_w.float()).to(x.dtype)
+    y = (h.float() @ w.float().t()).to(x.dtype)
+    if kind is small_gemm.Kind.GATED:
+        gate, up = y.float().chunk(2, dim=-1)
+        y = (torch.nn.functional.silu(gate) * up).to(x.dtype)
+    return total, y
+
+
+def check_small_gemm(device: str = "cpu") -> None:
+    """Every kind (plain with and without bias, norm and gated with and without the residual delta), on the
+    FMA and the tensor-core paths, rows 1..16, N and K not multiples of the blocks, float32 and bfloat16 (also
+    run on a GPU by tests/test_gpu_kernels.py); the reference on the CPU."""
+    from types import SimpleNamespace
+
+    gen = torch.Generator().manual_seed(8)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 0.04)):  # bf16: a few roundings
+        for config in (small_gemm.BlockConfig(8, 64), small_gemm.BlockConfig(16, 32, dot=True)):
+            if dtype == torch.bfloat16 and config.dot and device == "cpu":
+                continue  # the interpreter's bfloat16 tl.dot is wrong (Triton 3.9); the GPU tier checks this one
+            small_gemm.forced = lambda kind, m, n, k, c=config: c
+            for m in (1, 3, 16):
+                for kind in small_gemm.Kind:
+                    for with_extra in (False, True):
+                        n, k = 40, 100
+                        x = torch.randn(m, k, generator=gen).to(dtype)
+                        extra = torch.randn(m if kind is not small_gemm.Kind.PLAIN else n, k, generator=gen)
+                        w = (torch.randn(2 * n if kind is small_gemm.Kind.GATED else n, k, generator=gen) / 8).to(dtype)
+                        norm = SimpleNamespace(weight=(torch.rand(k, generator=gen) + 0.5).to(dtype), eps=1e-6)
+                        dev = SimpleNamespace(weight=norm.weight.to(device), eps=norm.eps)
+                        if kind is small_gemm.Kind.PLAIN:
+                            bias = extra[0, :n].to(dtype) if with_extra else None
+                            bias_dev = None if bias is None else bias.to(device)
+                            got = small_gemm.linear(x.to(device), w.to(device), bias_dev)
+                            total = x
+                            ref = _small_gemm_reference(kind, x, None, norm.weight, w, bias)
+                        else:
+                            delta = extra.to(dtype) if with_extra else None
+                            fn = small_gemm.norm_gated if kind is small_gemm.Kind.GATED else small_gemm.norm_linear
+                            delta_dev = None if delta is None else delta.to(device)
+                            total, got = fn(x.to(device), delta_dev, dev, w.to(device))
+                            ref = _small_gemm_reference(kind, x, delta, norm.weight, w, None)
+                        total, got = total.cpu(), got.cpu()
+                        what = (dtype, config, m, kind, with_extra)
+                        assert got.shape == ref[1].shape and got.dtype == dtype, what
+                        assert (total.float() - ref[0].float()).abs().max() <= tol * 4, what
+                        err = ((got.float() - ref[1].float()).abs() / (ref[1].float().abs() + 1)).max()
+                        # a GPU's tensor cores take float32 as TF32 (10-bit mantissa)
+                        bound = 2e-3 if dtype == torch.float32 and config.dot and device != "cpu" else tol
+                        assert err < bound, (what, err)
+    small_gemm.forced = None
 
 
 def check_depthwise() -> None:

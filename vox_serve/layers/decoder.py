@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vox_serve.layers.rope import RotaryEmbedding
-from vox_serve.rt import triton_ops
+from vox_serve.rt import small_gemm, triton_ops
 from vox_serve.rt.attention import AttentionBackend, AttentionBuffers
 from vox_serve.rt.attention.kv_write import QKPrep
 
@@ -102,17 +102,41 @@ class DecoderLayer(nn.Module):
         """x [T, hidden] the residual stream, delta [T, hidden] the previous layer's output not yet added to it
         (None before the first layer), positions [T] -> (the stream after attention, this layer's MLP output)."""
         t = x.shape[0]
-        x, h = self.input_layernorm.add_norm(x, delta) if delta is not None else (x, self.input_layernorm(x))
-        q, k, v = self.qkv_proj(h).split(self.split, dim=-1)
+        x, qkv = self._attention_input(x, delta)
+        q, k, v = qkv.split(self.split, dim=-1)
         shape = (t, self.num_kv_heads, self.head_dim)
         norms = dict(q_norm=self.q_norm, k_norm=self.k_norm) if self.qk_norm else {}
         prep = QKPrep(rope=rope, positions=positions, **norms)
         out = attend(self.layer_id, q.view(t, self.num_heads, self.head_dim), k.view(shape), v.view(shape), prep)
-        x, h = self.post_attention_layernorm.add_norm(x, self.o_proj(out.reshape(t, -1)))
+        x, gated = self._mlp_input(x, project(self.o_proj, out.reshape(t, -1)))
+        return x, project(self.down_proj, gated)
+
+    def _attention_input(self, x: Tensor, delta: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(stream, qkv): the residual add, the input norm and the qkv projection (one kernel at a few rows)."""
+        norm = self.input_layernorm
+        fused = small_gemm.norm_linear(x, delta, norm, self.qkv_proj.weight) if self.qkv_proj.bias is None else None
+        if fused is not None:
+            return fused
+        x, h = norm.add_norm(x, delta) if delta is not None else (x, norm(x))
+        return x, self.qkv_proj(h)
+
+    def _mlp_input(self, x: Tensor, attn_out: Tensor) -> tuple[Tensor, Tensor]:
+        """(stream, silu(gate) * up): the residual add, the norm and the gate/up projection with its gate."""
+        norm = self.post_attention_layernorm
+        fused = small_gemm.norm_gated(x, attn_out, norm, self.gate_up_proj.weight)
+        if fused is not None:
+            return fused
+        x, h = norm.add_norm(x, attn_out)
         if triton_ops.enabled(x):  # the SwiGLU gate: one kernel
-            return x, self.down_proj(triton_ops.silu_mul(self.gate_up_proj(h)))
+            return x, triton_ops.silu_mul(self.gate_up_proj(h))
         gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
-        return x, self.down_proj(F.silu(gate) * up)
+        return x, F.silu(gate) * up
+
+
+def project(linear: nn.Linear, x: Tensor) -> Tensor:
+    """linear(x) for x [T, in]: one small-rows kernel where one is measured for the shape (`rt.small_gemm`)."""
+    y = small_gemm.linear(x, linear.weight, linear.bias)
+    return linear(x) if y is None else y
 
 
 def paged_attend(attention: AttentionBackend, bufs: AttentionBuffers) -> Attend:

@@ -6,21 +6,32 @@ p - 1 (from the LM's tables); every input goes through `in_proj` first (a projec
 transformer's width, or the identity). `step` runs the next positions of every row and returns the logits
 of the last one through one of the per-codebook heads. The KV cache [layers, rows, positions, KV heads,
 head dim] is allocated once at the largest batch (`allocate`) and rewritten every frame, so a step is
-capturable: static shapes, no host synchronisation.
+capturable: static shapes, no host synchronisation. The positions, cache slots and attention mask of a step
+depend only on its first position, its number of positions and the rows: `allocate` builds them for the
+steps a frame runs (one or two positions), so a step launches no kernels to make them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vox_serve.layers.decoder import DecoderDims, DecoderLayer, RMSNorm, run_layers
+from vox_serve.layers.decoder import DecoderDims, DecoderLayer, RMSNorm, project, run_layers
 from vox_serve.layers.rope import RotaryEmbedding
+from vox_serve.rt import small_gemm
 from vox_serve.rt.attention.kv_write import QKPrep, write_kv
+
+
+@dataclass(frozen=True)
+class StepTables:
+    positions: Tensor  # [rows * n] int64
+    slots: Tensor  # [rows * n] int64
+    mask: Tensor  # [n, num_positions] additive (0 or -inf)
 
 
 class DepthTransformer(nn.Module):
@@ -40,6 +51,7 @@ class DepthTransformer(nn.Module):
         self.rope = RotaryEmbedding(dims.head_dim, num_positions, rope)
         self.k_cache: Tensor | None = None
         self.v_cache: Tensor | None = None
+        self._step_tables: dict[tuple[int, int], StepTables] = {}
 
     def allocate(self, max_rows: int) -> None:
         """The static KV buffers [layers, rows, positions, kv heads, head dim], once, at the largest batch."""
@@ -48,30 +60,52 @@ class DepthTransformer(nn.Module):
         w = self.heads
         self.k_cache = torch.zeros(shape, dtype=w.dtype, device=w.device)
         self.v_cache = torch.zeros(shape, dtype=w.dtype, device=w.device)
+        self._step_tables = {(start, n): self._make_tables(start, n, max_rows, w.device)
+                             for n in (1, 2) for start in range(self.num_positions - n + 1)}
+
+    def _make_tables(self, start: int, n: int, rows: int, device: torch.device) -> StepTables:
+        """Positions [rows * n], cache slots (row r's position p at r * num_positions + p) and the additive mask
+        [n, num_positions] of a step over positions start..start+n-1; the first b * n entries serve b rows."""
+        positions = torch.arange(start, start + n, device=device).repeat(rows)
+        row = torch.arange(rows, device=device)[:, None]
+        slots = (row * self.num_positions + positions.view(rows, n)).reshape(-1)
+        # Positions past a query's own hold another frame's (or a padded row's) keys: masked out.
+        visible = torch.arange(self.num_positions, device=device)[None, :] <= positions[:n, None]
+        mask = torch.zeros(visible.shape, dtype=self.heads.dtype, device=device).masked_fill(~visible, float("-inf"))
+        return StepTables(positions=positions, slots=slots, mask=mask)
+
+    def _tables(self, start: int, n: int, b: int, device: torch.device) -> StepTables:
+        tables = self._step_tables.get((start, n))
+        if tables is None or tables.positions.numel() < b * n:
+            tables = self._make_tables(start, n, b, device)
+        return StepTables(positions=tables.positions[: b * n], slots=tables.slots[: b * n], mask=tables.mask)
 
     def step(self, x: Tensor, start: int, head: int) -> Tensor:
         """Inputs x [B, n, input width] at positions start..start+n-1 -> float32 logits [B, vocab] of the last
         position through head `head`."""
         b, n, _ = x.shape
-        h = self.in_proj(x).reshape(b * n, -1)
-        positions = torch.arange(start, start + n, device=x.device).repeat(b)
-        # Each row's cache is a page of num_positions entries: row r's position p is slot r * num_positions + p.
-        rows = torch.arange(b, device=x.device)[:, None]
-        slots = (rows * self.num_positions + positions.view(b, n)).reshape(-1)
+        h = x.reshape(b * n, -1)
+        h = project(self.in_proj, h) if isinstance(self.in_proj, nn.Linear) else self.in_proj(h)
+        tables = self._tables(start, n, b, x.device)
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor, prep: QKPrep) -> Tensor:
             kc, vc = self.k_cache[layer], self.v_cache[layer]
-            q = write_kv(kc, vc, q, k, v, slots, prep)
+            q = write_kv(kc, vc, q, k, v, tables.slots, prep)
             qh = q.view(b, n, *q.shape[1:]).transpose(1, 2)  # [B, Hq, n, D]
-            # Positions past a query's own hold another frame's (or a padded row's) keys: masked out.
-            visible = torch.arange(self.num_positions, device=x.device)[None, :] <= positions[:n, None]
             out = F.scaled_dot_product_attention(qh, kc[:b].transpose(1, 2), vc[:b].transpose(1, 2),
-                                                 attn_mask=visible, enable_gqa=True)
+                                                 attn_mask=tables.mask.to(q.dtype), enable_gqa=True)
             return out.transpose(1, 2).reshape(b * n, *q.shape[1:])
 
-        h, delta = run_layers(self.layers, h, positions, self.rope, attend)
-        last = self.norm(h.view(b, n, -1)[:, -1], None if delta is None else delta.view(b, n, -1)[:, -1])
-        return (last @ self.heads[head].t()).float()
+        h, delta = run_layers(self.layers, h, tables.positions, self.rope, attend)
+        return self._head_logits(h.view(b, n, -1)[:, -1], None if delta is None else delta.view(b, n, -1)[:, -1],
+                                 head)
+
+    def _head_logits(self, stream: Tensor, delta: Tensor | None, head: int) -> Tensor:
+        """The final norm of the last position's stream (+ delta) through head `head` -> float32 logits."""
+        fused = small_gemm.norm_linear(stream, delta, self.norm, self.heads[head])
+        if fused is not None:
+            return fused[1].float()
+        return (self.norm(stream, delta) @ self.heads[head].t()).float()
 
     def sample_frame(self, hidden: Tensor, first: Tensor, embed: Callable[[int, Tensor], Tensor],
                      sample: Callable[[Tensor, int], Tensor]) -> Tensor:

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call: rt.small_gemm measured against the unfused ops on this GPU (its table written to
+# $OUT/small_gemm_table.json), the GPU tier of the kernels with that table, then (PROFILE=1) the decode stages
+# of Orpheus-3B and Qwen3-TTS-1.7B with the table and, from TREE_BEFORE (default .before), without.
+# Usage (repo root): bash benchmark/gpu_small_gemm.sh
+set -uo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+nvidia-smi -L
+if [ -z "${VOX_SMALL_GEMM_TABLE:-}" ]; then
+  timeout "${BENCH_TIMEOUT:-300}" python3 benchmark/small_gemm.py --out "$OUT/small_gemm_results.json" \
+    --table "$OUT/small_gemm_table.json" 2>&1 | tee "$OUT/small_gemm.txt" | cut -c1-200
+  export VOX_SMALL_GEMM_TABLE=$OUT/small_gemm_table.json
+fi
+if [ "${TESTS:-1}" = 1 ]; then
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_kernels.py \
+    tests/test_gpu_rust.py -k "${TEST_FILTER:-not planner and not prefill}" 2>&1 | tail -25 | tee "$OUT/gpu_tests.txt"
+fi
+profile() {  # TAG TREE: the decode stages of both models from TREE
+  for model in ${MODELS:-qwen3-tts orpheus}; do
+    echo "===== $1 $model"
+    (cd "$2" && source benchmark/gpu_env.sh && STAGES=decode BATCHES=${BATCHES:-1,4,16,64,256} TOP=16 \
+      timeout "${STAGE_TIMEOUT:-200}" python3 benchmark/profile_stages.py --model "$model" --load-format dummy \
+      --device cuda --max-model-len 1152 --max-batch-size 256 --max-codec-batch 16 --out "$OUT/$1_$model" 2>&1 \
+      | grep -vE "USDT|profiler_st" | tee "$OUT/$1_$model.txt" | grep -E "decode|device total")
+  done
+}
+if [ "${PROFILE:-0}" = 1 ]; then
+  profile after .
+  [ -d "${TREE_BEFORE:-.before}" ] && VOX_SMALL_GEMM=0 profile before "${TREE_BEFORE:-.before}"
+fi
+true

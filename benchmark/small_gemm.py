@@ -1,0 +1,177 @@
+"""Measure `rt.small_gemm`'s kernels against the unfused ops they replace, per shape and rows bucket, on this GPU,
+and write the table of configurations that won (`--table`: the JSON that `VOX_SMALL_GEMM_TABLE` reads, and
+that vox_serve/rt/small_gemm_tables/<gpu model>.json holds for the GPUs it was measured on).
+
+    python benchmark/small_gemm.py --out results.json --table table.json [--rows 1,2,4,8,16] \
+        [--models orpheus,qwen3,csm]
+
+Each time is a CUDA-graph replay of launches cycling over enough copies of the weight that they come from HBM,
+not the L2 (as in a model, where every layer's weights differ); the unfused side is what the decoder layers run
+without the table: `add_rms_norm` + cuBLAS (+ `silu_mul`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vox_serve.rt import small_gemm, triton_ops  # noqa: E402
+from vox_serve.rt.small_gemm import BlockConfig, Kind  # noqa: E402
+
+L2_BYTES = 160 << 20  # cycle over at least this much weight per replay
+
+
+@dataclass(frozen=True)
+class Shape:
+    model: str
+    name: str
+    kind: Kind
+    n: int  # output columns (the gated kind: the intermediate width; its weight has 2n rows)
+    k: int
+
+
+def decoder_shapes(model: str, hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int) -> list[Shape]:
+    qkv = (heads + 2 * kv_heads) * head_dim
+    return [Shape(model, "qkv", Kind.NORM, qkv, hidden), Shape(model, "o", Kind.PLAIN, hidden, heads * head_dim),
+            Shape(model, "gate_up", Kind.GATED, inter, hidden), Shape(model, "down", Kind.PLAIN, hidden, inter)]
+
+
+MODELS = {
+    "orpheus": decoder_shapes("orpheus-3b", 3072, 8192, 24, 8, 128),
+    "qwen3": [*decoder_shapes("qwen3-talker-1.7b", 2048, 6144, 16, 8, 128),
+              *decoder_shapes("qwen3-predictor", 1024, 3072, 16, 8, 128),
+              Shape("qwen3-predictor", "in_proj", Kind.PLAIN, 1024, 2048),
+              Shape("qwen3-predictor", "head", Kind.NORM, 2048, 1024)],
+    "csm": [*decoder_shapes("csm-backbone-1b", 2048, 8192, 32, 8, 64),
+            *decoder_shapes("csm-depth", 1024, 8192, 8, 2, 128),
+            Shape("csm-depth", "head", Kind.NORM, 2051, 1024)],
+}
+
+FMA_CONFIGS = [BlockConfig(4, 512), BlockConfig(8, 256), BlockConfig(8, 512), BlockConfig(16, 256)]
+DOT_CONFIGS = [BlockConfig(16, 128, dot=True), BlockConfig(16, 256, dot=True), BlockConfig(32, 128, dot=True),
+               BlockConfig(64, 64, dot=True)]
+
+
+def candidates(m: int) -> list[BlockConfig]:
+    fma = [c for c in FMA_CONFIGS if m <= 4 and small_gemm.rows_bucket(m) * c.block_n * c.block_k <= 16384]
+    return fma + DOT_CONFIGS
+
+
+class Case:
+    """One shape at m rows: weight copies, the inputs, and the two ways of computing it."""
+
+    def __init__(self, shape: Shape, m: int) -> None:
+        rows = 2 * shape.n if shape.kind is Kind.GATED else shape.n
+        bytes_per = rows * shape.k * 2
+        copies = max(2, min(64, math.ceil(L2_BYTES / bytes_per)))
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        self.shape, self.m = shape, m
+        self.weights = [torch.randn(rows, shape.k, device="cuda", generator=gen, dtype=torch.bfloat16) / 32
+                        for _ in range(copies)]
+        self.x = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        self.delta = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        self.norm = _Norm(torch.rand(shape.k, device="cuda", generator=gen).to(torch.bfloat16) + 0.5)
+
+    def unfused(self, w: torch.Tensor) -> torch.Tensor:
+        if self.shape.kind is Kind.PLAIN:
+            return F.linear(self.x, w)
+        _, h = triton_ops.add_rms_norm(self.x, self.delta, self.norm.weight, self.norm.eps)
+        y = F.linear(h, w)
+        return triton_ops.silu_mul(y) if self.shape.kind is Kind.GATED else y
+
+    def fused(self, w: torch.Tensor) -> torch.Tensor:
+        if self.shape.kind is Kind.PLAIN:
+            return small_gemm.linear(self.x, w)
+        fn = small_gemm.norm_gated if self.shape.kind is Kind.GATED else small_gemm.norm_linear
+        return fn(self.x, self.delta, self.norm, w)[1]
+
+
+class _Norm:
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight, self.eps = weight, 1e-6
+
+
+def graph_us(fn, weights: list[torch.Tensor], replays: int = 20) -> float:
+    """Microseconds per call of fn(w), replayed in a CUDA graph over the weight copies."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for w in weights[:2]:
+            fn(w)  # compile / warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for w in weights:
+            fn(w)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (replays * len(weights))
+
+
+def measure(case: Case) -> dict:
+    base = graph_us(case.unfused, case.weights)
+    ref = case.unfused(case.weights[0]).float()
+    tried = []
+    for config in candidates(case.m):
+        small_gemm.forced = lambda kind, m, n, k, c=config: c
+        try:
+            got = case.fused(case.weights[0]).float()
+            err = ((got - ref).abs().max() / (ref.abs().max() + 1e-6)).item()
+            tried.append({"config": config.as_list(), "us": graph_us(case.fused, case.weights), "err": err})
+        finally:
+            small_gemm.forced = None
+    best = min(tried, key=lambda t: t["us"])
+    s = case.shape
+    weight_bytes = case.weights[0].numel() * 2
+    return {"model": s.model, "name": s.name, "kind": s.kind.value, "n": s.n, "k": s.k, "rows": case.m,
+            "unfused_us": base, "best": best, "speedup": base / best["us"],
+            "floor_us": weight_bytes / 4.8e12 * 1e6, "tried": tried}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="every measurement (JSON)")
+    p.add_argument("--table", type=Path, required=True, help="the winning configurations (JSON)")
+    p.add_argument("--rows", default="1,2,4,8,16")
+    p.add_argument("--models", default="orpheus,qwen3,csm")
+    p.add_argument("--min-speedup", type=float, default=1.03, help="an entry needs this ratio over the unfused ops")
+    args = p.parse_args()
+    results = []
+    for model in args.models.split(","):
+        for shape in MODELS[model]:
+            for m in (int(r) for r in args.rows.split(",")):
+                r = measure(Case(shape, m))
+                results.append(r)
+                print(f"{r['model']:18s} {r['name']:8s} {r['kind']:5s} N={r['n']:5d} K={r['k']:5d} m={m:2d}: "
+                      f"unfused {r['unfused_us']:7.2f} us, fused {r['best']['us']:7.2f} us {r['best']['config']} "
+                      f"(x{r['speedup']:.2f}, floor {r['floor_us']:.2f} us, err {r['best']['err']:.1e})", flush=True)
+    entries = {}
+    for r in results:
+        if r["speedup"] >= args.min_speedup and r["best"]["err"] < 0.05:
+            key = (r["kind"], "bfloat16", small_gemm.rows_bucket(r["rows"]), r["n"], r["k"])
+            entries[key] = {"kind": r["kind"], "dtype": "bfloat16", "rows": key[2], "n": r["n"], "k": r["k"],
+                            "config": r["best"]["config"]}
+    device = torch.cuda.get_device_name()
+    args.out.write_text(json.dumps({"device": device, "results": results}, indent=1))
+    args.table.write_text(json.dumps({"device": device, "made_by": "benchmark/small_gemm.py", "entries":
+                                      list(entries.values())}, indent=1))
+    print(f"{len(entries)} entries of {len(results)} shapes x rows -> {args.table} "
+          f"(default path for this GPU: {small_gemm.table_path(device)})")
+
+
+if __name__ == "__main__":
+    main()

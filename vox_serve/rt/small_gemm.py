@@ -1,0 +1,238 @@
+"""Projections of a few rows (decode at small batch): one Triton kernel per projection, with the RMSNorm
+before it and the SwiGLU gate after it folded in.
+
+At batch 1 a decoder layer is launch-bound, not bandwidth-bound: cuBLAS picks tiles with as few as 16
+thread blocks for a 1024-wide output (Qwen3-TTS's code predictor: 11 us to read 4 MB, where the HBM
+needs 1.3), adds a split-K reduce kernel to others, and the norm and the SwiGLU gate are kernels of their
+own. `linear`, `norm_linear` and `norm_gated` do each projection in one launch over many small column
+blocks: the input rows (M <= 16) are re-read by every block, the weight once.
+
+- `linear(x, W, b)`: x @ W.T (+ b);
+- `norm_linear(x, delta, norm, W)`: (x + delta, RMSNorm(x + delta) @ W.T): the residual add and the norm
+  in the prologue (each block recomputes the rows' norms; block 0 writes the sum);
+- `norm_gated(x, delta, norm, W)`: the same with W the fused gate/up weight [2I, K], returning
+  silu(gate) * up [M, I]: both halves' columns in the same block.
+
+Rounding follows the unfused ops (the sum and the normed rows rounded to the input dtype, the gate and
+up projections rounded before the gate), so only the order of the float32 sums differs.
+
+Which kernel serves a shape is measured, not guessed: a table per GPU model
+(`small_gemm_tables/<model>.json`, written by `benchmark/small_gemm.py --table`) gives the block sizes for
+(kind, dtype, rows bucket, N, K), and a shape it lacks, or a GPU without a table, runs the unfused ops. `VOX_SMALL_GEMM=0` turns the kernels off, `VOX_SMALL_GEMM_TABLE`
+names a JSON table to use instead (one measured on another GPU). Tests run the kernels through Triton's
+interpreter on the CPU with a forced configuration (`forced`).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from vox_serve.rt import triton_ops
+
+try:
+    import triton
+    import triton.language as tl
+except Exception:  # noqa: BLE001 - no Triton: the unfused ops run
+    triton = None
+
+MAX_ROWS = 16
+TABLES_DIR = Path(__file__).resolve().parent / "small_gemm_tables"
+
+
+class Kind(enum.Enum):
+    PLAIN = "plain"  # x @ W.T (+ bias)
+    NORM = "norm"  # RMSNorm(x (+ delta)) @ W.T
+    GATED = "gated"  # silu(gate) * up of RMSNorm(x (+ delta)) @ [Wg; Wu].T
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Column block, K block and warps; `dot` uses the tensor cores (16 rows padded), else FMAs over the
+    rows' power-of-two bucket."""
+
+    block_n: int
+    block_k: int
+    warps: int = 4
+    dot: bool = False
+
+    def as_list(self) -> list[int]:
+        return [self.block_n, self.block_k, self.warps, int(self.dot)]
+
+
+class Norm(Protocol):
+    weight: Tensor
+    eps: float
+
+
+Key = tuple[str, str, int, int, int]  # kind, dtype, rows bucket, N (output columns), K
+Chooser = Callable[[Kind, int, int, int], "BlockConfig | None"]
+forced: Chooser | None = None  # tests: a configuration for every shape, any dtype and device
+
+
+def rows_bucket(m: int) -> int:
+    return 1 << max(m - 1, 0).bit_length()
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def table_from_json(entries: list[dict]) -> dict[Key, BlockConfig]:
+    """[{"kind", "dtype", "rows", "n", "k", "config": [block_n, block_k, warps, dot]}, ...] -> the table."""
+    out = {}
+    for e in entries:
+        bn, bk, warps, dot = e["config"]
+        out[(e["kind"], e["dtype"], int(e["rows"]), int(e["n"]), int(e["k"]))] = BlockConfig(bn, bk, warps, bool(dot))
+    return out
+
+
+def table_path(device_name: str) -> Path:
+    """The packaged table of a GPU model: "NVIDIA H200" -> small_gemm_tables/nvidia-h200.json."""
+    return TABLES_DIR / (re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") + ".json")
+
+
+@functools.cache
+def _table(device_index: int) -> dict[Key, BlockConfig]:
+    path = Path(os.environ.get("VOX_SMALL_GEMM_TABLE") or table_path(torch.cuda.get_device_name(device_index)))
+    if not path.is_file():
+        return {}
+    return table_from_json(json.loads(path.read_text())["entries"])
+
+
+def _config(x: Tensor, weight: Tensor, kind: Kind, n: int) -> BlockConfig | None:
+    m, k = x.shape if x.dim() == 2 else (MAX_ROWS + 1, 0)
+    if m == 0 or m > MAX_ROWS or weight.shape[-1] != k or not weight.is_contiguous():
+        return None
+    if forced is not None:
+        return forced(kind, m, n, k) if triton is not None else None
+    served = triton_ops.enabled(x) and x.is_cuda and x.dtype == weight.dtype
+    if not served or os.environ.get("VOX_SMALL_GEMM", "1") == "0":
+        return None
+    key = (kind.value, _dtype_name(x.dtype), rows_bucket(m), n, k)
+    return _table(x.device.index or 0).get(key)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor | None:
+    """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N], or None where no measured kernel serves the shape."""
+    config = _config(x, weight, Kind.PLAIN, weight.shape[0])
+    if config is None:
+        return None
+    return _launch(config, x.contiguous(), None, None, weight, bias, n=weight.shape[0], gated=False, eps=0.0)[1]
+
+
+def norm_linear(x: Tensor, delta: Tensor | None, norm: Norm, weight: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(x + delta, RMSNorm(x + delta) @ weight.T), x itself when delta is None; None where not served."""
+    config = _config(x, weight, Kind.NORM, weight.shape[0])
+    if config is None:
+        return None
+    return _launch(config, x.contiguous(), delta, norm.weight, weight, None, n=weight.shape[0], gated=False,
+                   eps=norm.eps)
+
+
+def norm_gated(x: Tensor, delta: Tensor | None, norm: Norm, weight: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(x + delta, silu(g) * u) with [g, u] = RMSNorm(x + delta) @ weight.T split in halves; None where not served."""
+    config = _config(x, weight, Kind.GATED, weight.shape[0] // 2)
+    if config is None or weight.shape[0] % 2:
+        return None
+    return _launch(config, x.contiguous(), delta, norm.weight, weight, None, n=weight.shape[0] // 2, gated=True,
+                   eps=norm.eps)
+
+
+def _launch(config: BlockConfig, x: Tensor, delta: Tensor | None, norm_weight: Tensor | None, weight: Tensor,
+            bias: Tensor | None, *, n: int, gated: bool, eps: float) -> tuple[Tensor, Tensor]:
+    m, k = x.shape
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    total = torch.empty_like(x) if delta is not None else x
+    delta = delta.contiguous() if delta is not None else x
+    block_m = MAX_ROWS if config.dot else rows_bucket(m)
+    grid = (triton.cdiv(n, config.block_n),)
+    _small_linear_kernel[grid](
+        x, delta, norm_weight if norm_weight is not None else x, total, weight, bias if bias is not None else x,
+        out, m, n, k, eps, HAS_DELTA=total is not x, NORM=norm_weight is not None, GATED=gated,
+        HAS_BIAS=bias is not None, DOT=config.dot, BLOCK_M=block_m, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, num_warps=config.warps)
+    return total, out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rows(x_ptr, d_ptr, rm, rk, mask, K, HAS_DELTA: tl.constexpr):
+        """The input rows' [BLOCK_M, BLOCK_K] block in float32, x + delta rounded to x's dtype."""
+        offs = rm[:, None] * K + rk[None, :]
+        a = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        if HAS_DELTA:
+            d = tl.load(d_ptr + offs, mask=mask, other=0.0)
+            a = (a.to(tl.float32) + d.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        return a.to(tl.float32)
+
+    @triton.jit
+    def _times_w(a, w, DOT: tl.constexpr):
+        """a [BLOCK_M, BLOCK_K] (input dtype) @ w [BLOCK_N, BLOCK_K].T -> float32 [BLOCK_M, BLOCK_N]."""
+        if DOT:
+            return tl.dot(a, tl.trans(w))
+        return tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+
+    @triton.jit
+    def _inverse_rms(x_ptr, d_ptr, sum_ptr, rm, m_mask, write_mask, K, eps, HAS_DELTA: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        """1 / rms of each row of x (+ delta) [BLOCK_M]; the sums written to sum_ptr in the rows of write_mask."""
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            mask = m_mask[:, None] & (rk < K)[None, :]
+            a = _rows(x_ptr, d_ptr, rm, rk, mask, K, HAS_DELTA)
+            squares += tl.sum(a * a, axis=1)
+            if HAS_DELTA:
+                tl.store(sum_ptr + rm[:, None] * K + rk[None, :], a.to(sum_ptr.dtype.element_ty),
+                         mask=write_mask[:, None] & (rk < K)[None, :])
+        return 1.0 / tl.sqrt(squares / K + eps)
+
+    # One program per column block: the rows' norms (NORM), then the K loop over the block's weight rows (and, GATED,
+    # the up half's rows at n + the same columns), then bias or gate, rounded to the output dtype.
+    @triton.jit(do_not_specialize=["m", "eps"])
+    def _small_linear_kernel(x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, K, eps,
+                             HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                             HAS_BIAS: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid = tl.program_id(0)
+        rm = tl.arange(0, BLOCK_M)
+        m_mask = rm < m
+        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = rn < N
+        dtype = x_ptr.dtype.element_ty
+        if NORM:
+            write_mask = rm < tl.where(pid == 0, m, 0)  # block 0 writes the sums
+            inv = _inverse_rms(x_ptr, d_ptr, sum_ptr, rm, m_mask, write_mask, K, eps, HAS_DELTA, BLOCK_M, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            k_mask = rk < K
+            a = _rows(x_ptr, d_ptr, rm, rk, m_mask[:, None] & k_mask[None, :], K, HAS_DELTA)
+            if NORM:
+                a = a * inv[:, None] * tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+            a = a.to(dtype)
+            w_mask = n_mask[:, None] & k_mask[None, :]
+            w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=w_mask, other=0.0)
+            acc += _times_w(a, w, DOT)
+            if GATED:
+                w_up = tl.load(w_ptr + (rn + N)[:, None] * K + rk[None, :], mask=w_mask, other=0.0)
+                acc_up += _times_w(a, w_up, DOT)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            gate = acc.to(dtype).to(tl.float32)
+            acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(dtype).to(tl.float32)
+        tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(dtype), mask=m_mask[:, None] & n_mask[None, :])
