@@ -20,7 +20,8 @@ Which kernel serves a shape is measured, not guessed: a table per GPU model
 (`small_gemm_tables/<model>.json`, written by `benchmark/small_gemm.py --table`) gives the block sizes for
 (kind, dtype, rows bucket, N, K), and a shape it lacks, or a GPU without a table, runs the unfused ops.
 `VOX_SMALL_GEMM=0` turns the kernels off, `VOX_SMALL_GEMM_TABLE` names a JSON table to use instead (one
-measured on another GPU). Tests run the kernels through Triton's interpreter on the CPU with a forced configuration (`forced`).
+measured on another GPU).
+Tests run the kernels through Triton's interpreter on the CPU with a forced configuration (`forced`).
 """
 
 from __future__ import annotations
