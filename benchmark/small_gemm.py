@@ -18,6 +18,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -79,7 +80,8 @@ class Case:
                         for _ in range(copies)]
         self.x = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16, generator=gen)
         self.delta = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16, generator=gen)
-        self.norm = _Norm(torch.rand(shape.k, device="cuda", generator=gen).to(torch.bfloat16) + 0.5)
+        self.norm = SimpleNamespace(weight=torch.rand(shape.k, device="cuda", generator=gen).to(torch.bfloat16) + 0.5,
+                                    eps=1e-6)
 
     def unfused(self, w: torch.Tensor) -> torch.Tensor:
         if self.shape.kind is Kind.PLAIN:
@@ -93,11 +95,6 @@ class Case:
             return small_gemm.linear(self.x, w)
         fn = small_gemm.norm_gated if self.shape.kind is Kind.GATED else small_gemm.norm_linear
         return fn(self.x, self.delta, self.norm, w)[1]
-
-
-class _Norm:
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.weight, self.eps = weight, 1e-6
 
 
 def graph_us(fn, weights: list[torch.Tensor], replays: int = 20) -> float:

@@ -105,6 +105,9 @@ def table_path(device_name: str) -> Path:
 
 @functools.cache
 def _table(device_index: int) -> dict[Key, BlockConfig]:
+    """The device's table, read once (empty when VOX_SMALL_GEMM=0 or there is none)."""
+    if os.environ.get("VOX_SMALL_GEMM", "1") == "0":
+        return {}
     path = Path(os.environ.get("VOX_SMALL_GEMM_TABLE") or table_path(torch.cuda.get_device_name(device_index)))
     if not path.is_file():
         return {}
@@ -117,8 +120,7 @@ def _config(x: Tensor, weight: Tensor, kind: Kind, n: int) -> BlockConfig | None
         return None
     if forced is not None:
         return forced(kind, m, n, k) if triton is not None else None
-    served = triton_ops.enabled(x) and x.is_cuda and x.dtype == weight.dtype
-    if not served or os.environ.get("VOX_SMALL_GEMM", "1") == "0":
+    if not (triton_ops.enabled(x) and x.is_cuda and x.dtype == weight.dtype):
         return None
     key = (kind.value, _dtype_name(x.dtype), rows_bucket(m), n, k)
     return _table(x.device.index or 0).get(key)
