@@ -61,10 +61,10 @@ def test_rust_only_flag_rejected_when_python_is_explicit() -> None:
 
 
 def test_unimplemented_flag_rejected_clearly() -> None:
-    for flag in (["--codec-sms", "32"], ["--urgent-lane"]):
+    for flag in (["--sm-modes", "32"], ["--urgent-lane"]):
         with pytest.raises(CliError, match=f"{flag[0]} is not implemented yet in the rust runtime$"):
             check_flags(given_flags(flag), "rust", rust_missing=False)
-    assert main(["--runtime", "rust", "--codec-sms", "32", "--bench-requests", "1"]) == 2
+    assert main(["--runtime", "rust", "--sm-modes", "32", "--bench-requests", "1"]) == 2
 
 
 @pytest.mark.parametrize("argv,match", [

@@ -17,7 +17,7 @@ import pytest
 import torch
 from rust_helpers import require_rt
 
-from vox_serve.cli import RS, CliError, check_flags, given_flags
+from vox_serve.cli import RS, CliError, build_config, check_flags, given_flags
 from vox_serve.config import EngineConfig, ModelConfig, ServerConfig, VoxConfig
 from vox_serve.engine.placement import codec_device, replica_config
 
@@ -63,13 +63,17 @@ def _rust_flags(*argv: str) -> dict:
 def test_the_rust_runtime_takes_a_data_parallel_bench_and_a_codec_gpu() -> None:
     kept = _rust_flags("--dp-size", "3", "--codec-gpu", "3", "--bench-requests", "4")
     assert (kept["dp_size"], kept["codec_gpu"]) == (3, 3)
+    kept = _rust_flags("--dp-size", "3", "--codec-gpu", "3", "--codec-sms", "24", "--bench-requests", "4")
+    assert build_config(kept, RS).engine.codec_sms == 24
 
 
 @pytest.mark.parametrize("argv,match", [
     (["--codec-gpu", "-1"], "a GPU index is >= 0"),
     (["--codec-gpu", "1", "--enable-disaggregation"], "use one of them"),
     (["--codec-gpu", "1", "--device", "cuda:0"], "replica i's LM runs on GPU i"),
-    (["--codec-sms", "16"], "not implemented yet"),
+    (["--codec-sms", "16"], "give it with --codec-gpu G"),
+    (["--codec-gpu", "0", "--codec-sms", "0"], "at least one SM"),
+    (["--codec-gpu", "0", "--codec-sms", "16", "--device", "cpu"], "--device cpu has none"),
 ])
 def test_codec_gpu_flags_that_cannot_work_are_refused(argv: list[str], match: str) -> None:
     with pytest.raises(CliError, match=match):

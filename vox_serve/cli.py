@@ -208,7 +208,9 @@ FLAGS: tuple[Flag, ...] = (
     _f("--codec-gpu", to=EngineConfig, type=int, runtimes=RUST_ONLY,
        help="GPU of every replica's codec: replica i's LM on GPU i, its codec half on GPU G, the replicas' codec "
             "batches taking turns on one lane (earliest deadline first)"),
-    _f("--codec-sms", type=int, default=None, **RUST_LATER, help="SMs of the shared codec partition"),
+    _f("--codec-sms", to=EngineConfig, type=int, runtimes=RUST_ONLY,
+       help="with --codec-gpu: the replicas' codec halves share a partition of this many SMs of that GPU (a CUDA "
+            "green context; rounded up to the GPU's granularity, 8 SMs on Hopper); the LMs keep the whole GPU"),
     _f("--prompt-builder", to=EngineConfig, choices=["rust", "python"], runtimes=RUST_ONLY,
        help="rust (default where the model's spec allows): prompts built in Rust; python: the program's preprocess"),
     # deadline policy (both runtimes)
@@ -390,7 +392,13 @@ def _check_server_values(kept: dict[str, Any], runtime: str) -> None:
 
 
 def _check_codec_gpu(kept: dict[str, Any]) -> None:
-    gpu = kept.get("codec_gpu")
+    gpu, sms = kept.get("codec_gpu"), kept.get("codec_sms")
+    if sms is not None and gpu is None:
+        raise CliError("--codec-sms partitions the codec GPU: give it with --codec-gpu G")
+    if sms is not None and sms < 1:
+        raise CliError(f"--codec-sms {sms}: a partition has at least one SM")
+    if sms is not None and kept.get("device") == "cpu":
+        raise CliError("--codec-sms partitions a GPU's SMs; --device cpu has none")
     if gpu is None:
         return
     if gpu < 0:

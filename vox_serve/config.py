@@ -114,6 +114,7 @@ class EngineConfig:
     prompt_builder: str | None = None  # Rust runtime: "python" builds prompts with the program's preprocess
     enable_disaggregation: bool = False  # the LM on one device, the codec on the next (engine/disagg.py)
     codec_gpu: int | None = None  # Rust runtime: every replica's codec half on this GPU (engine/placement.py)
+    codec_sms: int | None = None  # with codec_gpu: the codec halves on a partition of this many SMs (rt/partition.py)
 
     @property
     def splits(self) -> bool:

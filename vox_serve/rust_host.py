@@ -111,11 +111,20 @@ def field_error_message(exc: BaseException) -> str | None:
 _STREAMS: list[Any] = []  # the launch streams handed to the Rust runtime stay alive with the process
 
 
-def launch_stream(device: str) -> int:
-    """A new CUDA stream of `device` for a replica's launches (its raw handle)."""
+def launch_stream(device: str, partition_stream: int | None = None) -> int:
+    """A new CUDA stream of `device` for a replica's launches (its raw handle); for an engine on an SM
+    partition (`spec.sm_partition`) the partition's own stream, which its graphs were captured on."""
     import torch
 
-    stream = torch.cuda.Stream(torch.device(device))
+    from vox_serve.rt.partition import partition_stream as find_partition_stream
+
+    if partition_stream is None:
+        stream = torch.cuda.Stream(torch.device(device))
+    else:
+        found = find_partition_stream(partition_stream)
+        if found is None:
+            raise ValueError(f"spec.sm_partition.stream {partition_stream:#x} is no SM partition's stream")
+        stream = found
     _STREAMS.append(stream)
     return stream.cuda_stream
 

@@ -249,7 +249,9 @@ def check_small_gemm(device: str = "cpu") -> None:
                         assert (total.float() - ref[0].float()).abs().max() <= tol * 4, what
                         err = ((got.float() - ref[1].float()).abs() / (ref[1].float().abs() + 1)).max()
                         # a GPU's tensor cores take float32 as TF32 (10-bit mantissa)
-                        bound = 2e-3 if dtype == torch.float32 and config.dot and device != "cpu" else tol
+                        # (TF32 rounds both operands to 11 significant bits: the H200 gave 2.2e-3 for the
+                        # gated form, a product of two such sums; bfloat16 serves, float32 only in tests)
+                        bound = 5e-3 if dtype == torch.float32 and config.dot and device != "cpu" else tol
                         assert err < bound, (what, err)
     small_gemm.forced = None
 
@@ -262,6 +264,19 @@ def check_depthwise() -> None:
         with torch.no_grad():
             ref = conv(x)
             got = codec_kernels.depthwise_conv1d(x, conv.weight, conv.bias, dilation, padding)
+        assert got.shape == ref.shape and (got - ref).abs().max() < 1e-5, (dilation, (got - ref).abs().max())
+
+
+def check_folded_conv() -> None:
+    """A dilated convolution folded into its phases equals F.conv1d: lengths that are and are not a multiple of
+    the dilation, with and without padding and bias, channels in != out."""
+    gen = torch.Generator().manual_seed(9)
+    for dilation, padding, length, bias in ((9, 0, 300, True), (9, 27, 301, False), (3, 0, 64, True), (2, 3, 7, True)):
+        conv = torch.nn.Conv1d(6, 5, 7, dilation=dilation, padding=padding, bias=bias)
+        x = torch.randn(3, 6, length + 6 * dilation - 2 * padding, generator=gen)
+        with torch.no_grad():
+            ref = conv(x)
+            got = codec_kernels.folded_conv1d(x, conv.weight, conv.bias, dilation, padding)
         assert got.shape == ref.shape and (got - ref).abs().max() < 1e-5, (dilation, (got - ref).abs().max())
 
 

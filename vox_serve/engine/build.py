@@ -159,7 +159,8 @@ def startup_report(engine: Engine) -> str:
     stages = f"{len(graphs.graphs)} CUDA graphs {graphs.memory_bytes / mib:.0f} MiB" if graphs else "eager stages"
     half = "" if p.half is EngineHalf.WHOLE else f" ({p.half} half)"
     if not p.half.has_lm:  # a codec half: no KV cache, weights counted by the LM half (they are shared)
-        return (f"model {p.meta.name}{half} on {p.device}: request state {m['state_bytes'] / mib:.0f} MiB, arenas "
+        where = f"{p.device}" if p.partition is None else p.partition.describe()
+        return (f"model {p.meta.name}{half} on {where}: request state {m['state_bytes'] / mib:.0f} MiB, arenas "
                 f"{m['arena_bytes'] / mib:.1f} MiB, activation peak {m['activation_peak_bytes'] / mib:.0f} MiB, "
                 f"{stages}")
     return (

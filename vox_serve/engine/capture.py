@@ -104,7 +104,8 @@ class StageGraphs:
         self.program = program
         self.graphs: dict[tuple[Stage, int], torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle()
-        self.stream = torch.cuda.Stream(program.device)
+        # a codec half on an SM partition captures on the partition's stream: its kernels then run on those SMs
+        self.stream = program.partition.stream if program.partition is not None else torch.cuda.Stream(program.device)
         self.memory_bytes = 0
 
     def has(self, stage: Stage, bucket: int) -> bool:

@@ -16,8 +16,9 @@ halves: the LM half keeps sampling parameters and pages, the codec half the seed
 its codec reads, and resets and primes the codec state.
 
 Devices (engine/placement.py): the codec runs on the GPU after the LM's (`cuda:k` -> `cuda:k+1`; replica i
-of `--dp-size` is the pair 2i, 2i+1), or with `--codec-gpu G` on GPU G for every replica; on a CPU both
-halves are on the CPU, as two separate engines.
+of `--dp-size` is the pair 2i, 2i+1), or with `--codec-gpu G` on GPU G for every replica (with `--codec-sms N`
+on an N-SM partition of it that the replicas' codec halves share, rt/partition.py); on a CPU both halves are on
+the CPU, as two separate engines.
 """
 
 from __future__ import annotations
@@ -63,4 +64,8 @@ def disaggregated_spec(program: Program, config: VoxConfig) -> dict[str, Any]:
     from vox_serve.engine.build import engine_of_program
 
     lm, codec = split_program(program, torch.device(codec_device(str(program.device), config)))
+    if config.engine.codec_sms is not None:
+        from vox_serve.rt.partition import sm_partition
+
+        codec.partition = sm_partition(codec.device, config.engine.codec_sms)
     return {"disaggregated": True, "lm": engine_of_program(lm, config), "codec": engine_of_program(codec, config)}

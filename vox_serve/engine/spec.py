@@ -113,5 +113,8 @@ def engine_spec(engine: Engine) -> dict[str, Any]:
         "memory": engine.memory,
         "half": str(program.half),
         "handover": program.handover.layout() if program.handover is not None else None,
+        # launch on this stream (a green context's: the graphs were captured on it), not on a new one
+        "sm_partition": ({"sms": program.partition.sms, "stream": program.partition.stream.cuda_stream}
+                         if program.partition is not None else None),
         "cuda": {"torch_cuda": torch.version.cuda} if program.device.type == "cuda" else {},
     }

@@ -13,6 +13,9 @@ GEMM, and the causal convolutions' `cat` of their left context 4.9 ms. Here:
   a cuDNN convolution's bias in a broadcast pass of its own, ~0.1 ms per audio-rate conv at 64 windows);
 - `conv1d_to_one`: a convolution with one output channel (the waveform), a dot product per sample;
 - `depthwise_conv1d`: depthwise convolutions (PyTorch's generic kernel was a third of a SNAC window);
+- `folded_conv1d`: a dilated convolution as an undilated one over the `dilation` interleaved phases of
+  its input (the same sums; cuDNN's default heuristics send some dilated shapes to a slow generic kernel,
+  e.g. the Qwen3 codec's 384-channel dilation-9 convolution, 7.3 ms of a 41 ms launch at 64 windows);
 - `conv1d(conv, x)`: `conv(x)` through the kernel above that fits, else PyTorch's.
 
 Used only for CUDA tensors when Triton imports; tests run them on the CPU through Triton's
@@ -21,7 +24,10 @@ interpreter (TRITON_INTERPRET=1) against the references.
 
 from __future__ import annotations
 
+import os
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from vox_serve.rt import triton_ops
@@ -189,10 +195,47 @@ def depthwise_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: i
     return out
 
 
+def folded_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, padding: int) -> Tensor:
+    """F.conv1d(x, weight, bias, stride 1, padding, dilation) for groups = 1, computed undilated: output t
+    reads inputs t, t + d, ..., all of phase t mod d, so the `d` phases of the (padded) input are convolved
+    as `d` rows of one undilated convolution and interleaved back."""
+    if padding:
+        x = F.pad(x, (padding, padding))
+    batch, channels, length = x.shape
+    kernel, d = weight.shape[-1], dilation
+    length_out = length - (kernel - 1) * d
+    per_phase = -(-length // d)
+    if per_phase * d != length:
+        x = F.pad(x, (0, per_phase * d - length))
+    phases = x.reshape(batch, channels, per_phase, d).permute(0, 3, 1, 2).reshape(batch * d, channels, per_phase)
+    y = F.conv1d(phases, weight, bias)  # [batch * d, C_out, per_phase - kernel + 1]
+    steps = y.shape[-1]
+    y = y.reshape(batch, d, -1, steps).permute(0, 2, 3, 1).reshape(batch, -1, steps * d)
+    return y[..., :length_out] if steps * d != length_out else y
+
+
+# Which dilated convolutions `conv1d` folds on a GPU. Measured on the H200, Qwen3-TTS codec launch in graph
+# ms (benchmark/results/h200-2026-12-02c), folding none / dilation 9 / dilations 3 and 9:
+# 1 window 2.14 / 2.18 / 2.20; 16: 10.28 / 8.85 / 7.33; 64: 27.99 / 22.54 / 23.43; 256: 105.5 / 85.2 / 88.6.
+FOLD_DILATION = 9  # from this dilation on, always
+FOLD_SMALL_DILATION, FOLD_SMALL_ROWS = 3, range(2, 17)  # from this one, for batches of 2-16 rows
+_fold: str | None = None  # VOX_CONV_FOLD, read once: "0" folds nothing, "<d>" every dilation >= d
+
+
+def folds(dilation: int, rows: int) -> bool:
+    """Whether `conv1d` folds a convolution of this dilation over a batch of `rows` on a GPU."""
+    global _fold
+    if _fold is None:
+        _fold = os.environ.get("VOX_CONV_FOLD", "")
+    if _fold:
+        return 0 < int(_fold) <= dilation
+    return dilation >= FOLD_DILATION or (dilation >= FOLD_SMALL_DILATION and rows in FOLD_SMALL_ROWS)
+
+
 def conv1d(conv: torch.nn.Conv1d, x: Tensor, bias: bool = True) -> Tensor:
     """`conv(x)` (`bias=False`: without its bias, which a kernel after it adds); on a GPU, depthwise
     convolutions and those with one output channel (stride 1, zero padding, no groups otherwise) run the
-    kernels above."""
+    kernels above, and convolutions of a large dilation are folded (`folded_conv1d`)."""
     b = conv.bias if bias else None
     plain = conv.stride == (1,) and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros"
     if plain and triton_ops.enabled(x):
@@ -200,4 +243,7 @@ def conv1d(conv: torch.nn.Conv1d, x: Tensor, bias: bool = True) -> Tensor:
             return depthwise_conv1d(x, conv.weight, b, conv.dilation[0], conv.padding[0])
         if conv.out_channels == 1 and conv.groups == 1:
             return conv1d_to_one(x, conv.weight, b, conv.dilation[0], conv.padding[0])
+        if conv.groups == 1 and conv.dilation[0] > 1 and folds(conv.dilation[0], x.shape[0]):
+            return folded_conv1d(x, conv.weight, b, conv.dilation[0], conv.padding[0])
     return conv(x) if bias else conv._conv_forward(x, conv.weight, None)
+

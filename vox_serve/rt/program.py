@@ -38,6 +38,7 @@ from vox_serve.rt.arena import Arena
 from vox_serve.rt.attention import AttentionBackend
 from vox_serve.rt.codec_window import CodecWindow, codec_window, gather_window_inputs, hand_over, handed_over
 from vox_serve.rt.lm_batch import LaunchSource, LmBatch, LmSample, decode_batch, prefill_batch
+from vox_serve.rt.partition import SmPartition
 from vox_serve.rt.slot_state import SAMPLING_FIELDS, SlotState
 from vox_serve.rt.step_fields import handover_fields, step_input_fields, step_output_fields
 
@@ -57,6 +58,7 @@ class Program(ABC):
         self.dtype = dtype
         self.kv_indices: dict[str, Tensor | None] = {}
         self.handover: Arena | None = None  # a disaggregated half's codec-row inputs (`handover_fields`)
+        self.partition: SmPartition | None = None  # the SMs a codec half runs on (`--codec-sms`, rt/partition.py)
 
     # ---- set-up (once, before any capture) ------------------------------------------------
     def setup(self, limits: EngineLimits) -> None:

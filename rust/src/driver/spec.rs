@@ -120,6 +120,9 @@ pub struct EngineSpec {
     pub geometry: Geometry,
     /// FlashInfer's wrappers of the captured LM launches (empty for other backends).
     pub planners: Planners,
+    /// The stream of the SM partition the engine runs on (`spec.sm_partition.stream`, `--codec-sms`): its
+    /// graphs were captured on it, so it is launched on it too.
+    pub partition_stream: Option<u64>,
 }
 
 fn stage_spec(name: &str, entry: &Value) -> Result<StageSpec, String> {
@@ -172,6 +175,11 @@ impl EngineSpec {
             None | Some(Value::Null) => None,
             Some(h) => Some(ArenaLayout::from_json(h, "spec.handover.")?),
         };
+        let partition_stream = match spec.get("sm_partition") {
+            None | Some(Value::Null) => None,
+            Some(p) => Some(get(p, "spec.sm_partition.", "stream")?.as_u64()
+                .ok_or("spec.sm_partition.stream is not a handle")?),
+        };
         Ok(EngineSpec {
             engine_id: int(spec, "spec.", "engine_id")?,
             device: string(spec, "spec.", "device")?,
@@ -187,6 +195,7 @@ impl EngineSpec {
             page_size: int(attention, "attention.", "page_size")?,
             geometry: Geometry::from_json(attention)?,
             planners: Planners::from_json(attention)?,
+            partition_stream,
         })
     }
 

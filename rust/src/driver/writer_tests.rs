@@ -73,7 +73,7 @@ pub(crate) fn spec(primes: bool) -> EngineSpec {
     EngineSpec { engine_id: 0, device: "cpu".into(), half: Half::Whole, handover: None, meta: ProgramMeta::from_json(&meta).unwrap(),
                  limits: EngineLimits::from_json(&limits).unwrap(), step_in: step_in(primes), step_out: arena(&[]),
                  stages, attention_backend: "torch".into(), planner: String::new(), page_size: 4,
-                 geometry: Default::default(), planners: Default::default() }
+                 geometry: Default::default(), planners: Default::default(), partition_stream: None }
 }
 
 pub(crate) fn admit(slot: usize, prefix: &[[i32; CODES]]) -> SlotInit {

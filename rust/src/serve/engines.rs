@@ -96,9 +96,9 @@ fn cpu_launcher(py: Python, host: &PyModule, spec: &EngineSpec) -> PyResult<PyLa
     Ok(PyLauncher { handles: PyHandles::new(py, host, spec, None)? })
 }
 
-/// A launcher on a new stream of the spec's device, and that stream.
+/// A launcher on a new stream of the spec's device (on an SM partition: the partition's stream), and that stream.
 fn cuda_launcher(py: Python, host: &PyModule, spec: &EngineSpec, time_stages: bool) -> PyResult<(CudaLauncher, u64)> {
-    let stream: u64 = host.call_method1("launch_stream", (spec.device.as_str(),))?.extract()?;
+    let stream: u64 = host.call_method1("launch_stream", (spec.device.as_str(), spec.partition_stream))?.extract()?;
     let handles = PyHandles::new(py, host, spec, Some(stream))?;
     let launcher = CudaLauncher::new(spec, stream, handles, time_stages).map_err(pyo3::exceptions::PyValueError::new_err)?;
     Ok((launcher, stream))
