@@ -11,7 +11,8 @@
 #   GPUS (default: nvidia-smi's count), RATES_ORPHEUS / RATES_QWEN (comma-separated requests per second),
 #   NUM_REQUESTS, MAX_TOKENS, TTFA_TARGET_S (default 1.0); ONLY=dp|disagg runs one of the two parts.
 # ONLY=rust instead runs the Rust runtime's bench mode (benchmark/gpu_runtimes.sh, Orpheus, rates and 256 at
-# once) with --dp-size 1, 2 (and 4), and --codec-gpu: 1 LM replica + the codec GPU on 2 GPUs, 3 + 1 on 4;
+# once) with --dp-size 1, 2 (and 4), and --codec-gpu: 1 LM replica + the codec GPU on 2 GPUs, 3 + 1 on 4, then
+# with the codec halves on a partition of CODEC_SMS (64) SMs (2 LM replicas, one sharing the codec GPU, on 2);
 # RUST_PARTS (default "rates offline") and ORPHEUS_RATES / ORPHEUS_N pass through.
 # Time: each configuration starts a server (1-2 min with graph capture) and sweeps its rates
 # (NUM_REQUESTS per rate): about 4-6 min each; 6 configurations on 2 GPUs, 7 on 4. Keep a call within
@@ -58,8 +59,10 @@ if [ "$ONLY" = rust ]; then
   if [ "$GPUS" -ge 4 ]; then
     rust_bench dp4 --dp-size 4
     rust_bench codecgpu3 --dp-size 3 --codec-gpu 3
+    rust_bench codecgpu3sms "--dp-size 3 --codec-gpu 3 --codec-sms ${CODEC_SMS:-64}"
   else
     rust_bench codecgpu1 --dp-size 1 --codec-gpu 1
+    rust_bench codecgpu1sms "--dp-size 2 --codec-gpu 1 --codec-sms ${CODEC_SMS:-64}"
   fi
   exit 0
 fi

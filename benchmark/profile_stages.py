@@ -35,7 +35,7 @@ from vox_serve.engine.spec import engine_spec  # noqa: E402
 from vox_serve.rt.program import Program  # noqa: E402
 from vox_serve.worker.engine_worker import EngineWorker  # noqa: E402
 
-CONTEXT = 512
+CONTEXT = int(os.environ.get("CONTEXT", 512))  # tokens of each decode row's KV
 PREFILL_TOKENS = 32
 
 

@@ -28,6 +28,7 @@ PKGS=(numpy safetensors tokenizers fastapi annotated-doc opentelemetry-api starl
       typing-extensions anyio idna sniffio h11 click uvicorn python-multipart pyzmq msgpack
       av prometheus-client websockets httpx httpcore certifi
       "$FLASHINFER" apache-tvm-ffi nvidia-cudnn-frontend einops ninja tqdm requests tabulate packaging nvidia-ml-py
+      soundfile cffi pycparser  # tests/engine_helpers.py (the GPU tier writes WAVs)
       phonemizer attrs dlinfo joblib inflect jaraco.functools more-itertools typeguard)  # the last line: Zonos text
 [ "$WITH_TORCH" = 1 ] && PKGS+=(torch)
 for pkg in "${PKGS[@]}"; do

@@ -110,11 +110,13 @@ def _two_requests(out: Path, *extra: str) -> dict[str, bytes]:
     return {f.name: f.read_bytes() for f in sorted(out.glob("*.wav"))}
 
 
-@pytest.mark.parametrize("extra", [("--dp-size", "2"), ("--dp-size", "2", "--codec-gpu", "1")],
-                         ids=["dp2", "dp2-codec-gpu1"])
+@pytest.mark.parametrize("extra", [("--dp-size", "2"), ("--dp-size", "2", "--codec-gpu", "1"),
+                                   ("--dp-size", "2", "--codec-gpu", "1", "--codec-sms", "32")],
+                         ids=["dp2", "dp2-codec-gpu1", "dp2-codec-gpu1-sms32"])
 def test_rust_replicas_on_two_gpus_make_the_serial_audio(tmp_path: Path, extra: tuple[str, ...]) -> None:
     """Replica 0 on cuda:0 and replica 1 on cuda:1, each running one of the two requests (with --codec-gpu 1 both
-    codec halves on cuda:1, taking turns on the lane): the audio of one GPU running them one at a time."""
+    codec halves on cuda:1, taking turns on the lane; with --codec-sms on one 32-SM partition of it): the audio
+    of one GPU running them one at a time."""
     require_rt()
     serial = _two_requests(tmp_path / "serial", "--max-batch-size", "1", "--max-codec-batch", "1")
     assert list(serial) == ["bench-000.wav", "bench-001.wav"]

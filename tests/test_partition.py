@@ -28,3 +28,10 @@ def test_partitions_a_gpu_cannot_make_are_refused(requested: int, total: int, cc
 def test_a_partition_of_a_cpu_is_refused() -> None:
     with pytest.raises(PartitionError, match="partitions a GPU's SMs; the codec runs on cpu"):
         sm_partition("cpu", 16)
+
+
+def test_a_launch_stream_that_is_no_partitions_is_refused() -> None:
+    from vox_serve.rust_host import launch_stream
+
+    with pytest.raises(ValueError, match="spec.sm_partition.stream 0x1234 is no SM partition's stream"):
+        launch_stream("cuda:0", 0x1234)

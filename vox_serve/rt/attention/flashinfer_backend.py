@@ -16,6 +16,7 @@ after each plan guards that.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import flashinfer
@@ -26,6 +27,11 @@ from vox_serve.rt.attention.base import AttentionBackend, AttentionBuffers, Atte
 from vox_serve.rt.attention.kv_write import QKPrep
 
 WORKSPACE_BYTES = 128 << 20
+# Decode on tensor cores (FlashInfer's prefill kernels) from this GQA group size on; VOX_DECODE_TENSOR_CORES=0/1
+# forces one kind. Measured on the H200 (benchmark/results/h200-2026-12-02c, decode graph ms, 512 tokens of KV):
+# Orpheus (group 3) 1 row 2.90 -> 2.84, 64 rows 4.30 -> 4.11, 256 rows with 1024 tokens 12.21 -> 11.43;
+# Qwen3-TTS's talker (group 2) slower on tensor cores at 16-256 rows (256: 13.31 -> 13.71).
+TENSOR_CORE_GROUP = 3
 
 
 class FlashInferAttentionBackend(AttentionBackend):
@@ -45,6 +51,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._planned: dict[int, torch.cuda.Event] = {}  # id(wrapper) -> event after its last plan
         self._plan: AttentionPlan | None = None
         self._active_decode: Any = None
+        self._forced_tensor_cores = os.environ.get("VOX_DECODE_TENSOR_CORES")
 
     def planner_of(self, plan: AttentionPlan) -> str:
         """Which FlashInfer planner serves the launch (published in the engine spec)."""
@@ -54,7 +61,10 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     @property
     def _tensor_cores(self) -> bool:
-        return self.num_q_heads // self.num_kv_heads >= 4
+        """Whether decode runs FlashInfer's tensor-core kernels."""
+        if self._forced_tensor_cores in ("0", "1"):
+            return self._forced_tensor_cores == "1"
+        return self.num_q_heads // self.num_kv_heads >= TENSOR_CORE_GROUP
 
     def _decode_wrapper(self, rows: int, inputs: PlanInputs) -> Any:
         """The decode wrapper of a bucket, with static buffers sized for any page count."""
