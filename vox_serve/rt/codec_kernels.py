@@ -15,7 +15,7 @@ GEMM, and the causal convolutions' `cat` of their left context 4.9 ms. Here:
 - `depthwise_conv1d`: depthwise convolutions (PyTorch's generic kernel was a third of a SNAC window);
 - `folded_conv1d`: a dilated convolution as an undilated one over the `dilation` interleaved phases of
   its input (the same sums; cuDNN's default heuristics send some dilated shapes to a slow generic kernel,
-  e.g. the Qwen3 codec's 384-channel dilation-9 convolution, 7.3 ms of a 41 ms launch at 64 windows);
+  e.g. the Qwen3 codec's 384-channel dilation-9 convolution, 7.3 ms of a 28 ms launch at 64 windows);
 - `conv1d(conv, x)`: `conv(x)` through the kernel above that fits, else PyTorch's.
 
 Used only for CUDA tensors when Triton imports; tests run them on the CPU through Triton's
@@ -218,7 +218,8 @@ def folded_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int,
 # ms (benchmark/results/h200-2026-12-02c), folding none / dilation 9 / dilations 3 and 9:
 # 1 window 2.14 / 2.18 / 2.20; 16: 10.28 / 8.85 / 7.33; 64: 27.99 / 22.54 / 23.43; 256: 105.5 / 85.2 / 88.6.
 FOLD_DILATION = 9  # from this dilation on, always
-FOLD_SMALL_DILATION, FOLD_SMALL_ROWS = 3, range(2, 17)  # from this one, for batches of 2-16 rows
+FOLD_SMALL_DILATION, FOLD_SMALL_ROWS = 3, range(2, 17)  # from this one, for batches of 2-16 rows (measured at
+# 16, a loss at 1 and 64; the batches between are not measured)
 _fold: str | None = None  # VOX_CONV_FOLD, read once: "0" folds nothing, "<d>" every dilation >= d
 
 
@@ -246,4 +247,3 @@ def conv1d(conv: torch.nn.Conv1d, x: Tensor, bias: bool = True) -> Tensor:
         if conv.groups == 1 and conv.dilation[0] > 1 and folds(conv.dilation[0], x.shape[0]):
             return folded_conv1d(x, conv.weight, b, conv.dilation[0], conv.padding[0])
     return conv(x) if bias else conv._conv_forward(x, conv.weight, None)
-

@@ -104,7 +104,7 @@ def _green_context(index: int, sms: int) -> Any:
 
 def _stream_of(context: Any, index: int) -> torch.cuda.Stream:
     """A stream of the green context: its `Stream()` where this torch has it, else the stream torch makes
-    current while the context is (torch 2.10)."""
+    current while the context is (older torch: refused if it makes none)."""
     if hasattr(context, "Stream"):
         stream = context.Stream()
     else:
