@@ -16,6 +16,7 @@
 # Estimates, not measured (each process also loads the model, ~30 s, and captures its graphs): Orpheus
 # rates ~2.5 min per runtime (arrivals span 24+16+12+8 s, each request then runs ~15 s), offline ~1 min;
 # Qwen3-TTS rates ~1 min per runtime. Other knobs: ORPHEUS_RATES, ORPHEUS_N, QWEN_RATES, QWEN_N, OFFLINE_N,
+# DURATION (s: each rate phase sends rate x DURATION requests instead of N, a steady load at every rate),
 # MAX_BATCH (decode and codec batch, 256), PY_EXTRA (Python runtime flags, default --async-scheduling, as
 # the HTTP results were served), RS_EXTRA (Rust runtime flags, e.g. --dp-size 2), TAG (appended to every output
 # name), TIMEOUT (s per process, 280: two fit in one call; the JSON is rewritten after every phase, so a process
@@ -70,7 +71,7 @@ for model in ${MODELS:-orpheus qwen3-tts}; do
     for part in ${PARTS:-single rates offline}; do
       case $part in
         single) bench "$runtime" "$model" single 1 "" "${margs[@]}" ;;
-        rates) bench "$runtime" "$model" rates "$n" "$rates" "${margs[@]}" ;;
+        rates) bench "$runtime" "$model" rates "$n" "$rates" "${margs[@]}" ${DURATION:+--bench-duration "$DURATION"} ;;
         offline) bench "$runtime" "$model" offline "${OFFLINE_N:-256}" "" "${margs[@]}" ;;
         *) echo "unknown part $part (single, rates, offline)"; exit 1 ;;
       esac

@@ -4,6 +4,7 @@ implementation (vox_serve/bench_report.py) with TTFA measured from each request'
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -64,6 +65,15 @@ def test_phases_name_their_requests_and_take_arrivals_from_the_shared_definition
     assert at_once.req_ids == ("bench-p0-000", "bench-p0-001") and at_once.offsets == (0.0, 0.0)
     assert poisson.req_ids == ("bench-p1-000", "bench-p1-001")
     assert list(poisson.offsets) == arrival_times(2, 3.0, 1.0, seed=5) and poisson.offsets[1] > 0
+
+
+def test_a_bench_duration_sizes_each_poisson_phase_by_its_rate(tmp_path: Path) -> None:
+    """--bench-duration S: a phase at rate R sends R x S requests (at least one); all at once keeps N."""
+    config = _config(tmp_path, (0.0, 3.0, 0.1, 12.5), n=4)
+    config = dataclasses.replace(config, bench=dataclasses.replace(config.bench, duration_s=2.0))
+    at_once, three, slow, fast = bench_phases(config)
+    assert [len(p.req_ids) for p in (at_once, three, slow, fast)] == [4, 6, 1, 25]
+    assert list(fast.offsets) == arrival_times(25, 12.5, 1.0, seed=5) and fast.req_ids[-1] == "bench-p3-024"
 
 
 def test_phase_summary_measures_ttfa_from_each_arrival(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -186,6 +196,8 @@ def test_bench_rate_on_cuda_in_both_runtimes(tmp_path: Path) -> None:
     (["--bench-requests", "2", "--bench-rate", "nan"], "--bench-rate 'nan': 'nan' is not a rate"),
     (["--bench-rate", "4"], "--bench-rate needs --bench-requests N"),
     (["--bench-json", "x.json"], "--bench-json needs --bench-requests N"),
+    (["--bench-requests", "2", "--bench-duration", "5"], "--bench-duration sets how long each --bench-rate phase"),
+    (["--bench-requests", "2", "--bench-rate", "4", "--bench-duration", "0"], "--bench-duration 0.0: seconds > 0"),
 ])
 def test_bad_bench_rate_is_refused_naming_the_flag(runtime: str, argv: list[str], message: str,
                                                    capsys: pytest.CaptureFixture) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vox_serve.audio import write_wav
-from vox_serve.config import ConfigError, VoxConfig
+from vox_serve.config import BenchConfig, ConfigError, VoxConfig
 from vox_serve.metrics import RequestTrace, Summary, arrival_times, summarize, viability
 
 POISSON_SHAPE = 1.0  # Gamma gaps of shape 1: exponential, as benchmark/load.py's default
@@ -62,14 +62,22 @@ class BenchPhase:
         return f"phase {self.index}: {len(self.req_ids)} requests, {arrivals}"
 
 
+def phase_requests(bench: BenchConfig, rate: float) -> int:
+    """The requests of a phase at `rate` (0: all at once): `--bench-requests N`, or with `--bench-duration S` a
+    Poisson phase's `rate x S` (at least 1), so that it loads the engine for S seconds whatever the rate."""
+    if rate == 0 or bench.duration_s is None:
+        return bench.num_requests
+    return max(1, round(rate * bench.duration_s))
+
+
 def bench_phases(config: VoxConfig) -> list[BenchPhase]:
     """The phases of a bench run. One phase keeps the names `bench-000` ...; phase k of several names its
     requests `bench-p<k>-000` ... so that their WAVs do not overwrite each other."""
     bench = config.bench
     rates = bench.rates or (0.0,)
-    n = bench.num_requests
     phases = []
     for k, rate in enumerate(rates):
+        n = phase_requests(bench, rate)
         prefix = "bench-" if len(rates) == 1 else f"bench-p{k}-"
         offsets = [0.0] * n if rate == 0 else arrival_times(n, rate, POISSON_SHAPE, config.model.seed)
         phases.append(BenchPhase(index=k, rate=rate, req_ids=tuple(f"{prefix}{i:03d}" for i in range(n)),
@@ -125,7 +133,7 @@ class BenchRecorder:
         self.result: dict[str, Any] = {
             **environment(), "runtime": config.runtime, "model": config.model.model, "model_name": model_name,
             "request": {"text": config.bench.text, **config.bench.kwargs}, "seed": config.model.seed,
-            "num_requests": config.bench.num_requests, "phases": []}
+            "num_requests": config.bench.num_requests, "phase_duration_s": config.bench.duration_s, "phases": []}
         self._write_json()  # an unwritable --bench-json fails before the first phase, not after it
 
     def phase_done(self, index: int, outcomes: list[BenchOutcome], wall: float) -> None:

@@ -192,6 +192,9 @@ FLAGS: tuple[Flag, ...] = (
     _f("--bench-rate", to=BenchConfig, name="rates", convert=parse_bench_rates, default=None,
        help="comma-separated request rates (per second): one phase of --bench-requests N per rate on the same "
             "engine, Poisson arrivals seeded by --seed; 0 or inf: all at once (the default)"),
+    _f("--bench-duration", to=BenchConfig, name="duration_s", type=float,
+       help="seconds of arrivals per --bench-rate phase: a phase at rate R sends R x S requests (at least 1) "
+            "instead of --bench-requests N, so that every rate loads the engine for as long; phases at once keep N"),
     _f("--bench-json", to=BenchConfig, name="json_path",
        help="write each bench phase's summary and requests to this JSON file"),
     _f("--greedy", to=BenchConfig, action="store_true", help="greedy sampling: repeatable output"),
@@ -319,14 +322,23 @@ def _check_values(kept: dict[str, Any], runtime: str) -> None:
         raise CliError(f"--first-chunk-frames {first} must be at most --detokenize-interval {interval}")
     if not 0.0 < kept.get("gpu_memory_utilization", 0.9) <= 1.0:
         raise CliError("--gpu-memory-utilization must be in (0, 1]")
+    _check_model(kept)
+    _check_bench(kept)
+
+
+def _check_bench(kept: dict[str, Any]) -> None:
     if "bench_requests" in kept and kept["bench_requests"] < 1:
         raise CliError(f"--bench-requests {kept['bench_requests']}: must be >= 1 (leave the flag out to serve "
                        "HTTP)")
-    _check_model(kept)
     _check_bench_kwargs(kept.get("bench_kwargs", "{}"))
     if "bench_rate" in kept:
         parse_bench_rates(kept["bench_rate"])
-    for dest in ("bench_rate", "bench_json"):
+    if "bench_duration" in kept:
+        if not 0.0 < kept["bench_duration"] < float("inf"):
+            raise CliError(f"--bench-duration {kept['bench_duration']}: seconds > 0")
+        if "bench_rate" not in kept:
+            raise CliError("--bench-duration sets how long each --bench-rate phase sends requests: give --bench-rate")
+    for dest in ("bench_rate", "bench_duration", "bench_json"):
         if dest in kept and "bench_requests" not in kept:
             raise CliError(f"--{dest.replace('_', '-')} needs --bench-requests N (the requests of each phase)")
 

@@ -71,6 +71,7 @@ class BenchConfig:
     greedy: bool = False
     audio: str | None = None  # a reference audio file sent as every request's `audio` field (voice clones)
     rates: tuple[float, ...] = ()  # one phase of num_requests per rate (requests/s; 0: all at once); (): one, at once
+    duration_s: float | None = None  # with rates: a Poisson phase sends rate x duration_s requests, not num_requests
     json_path: str | None = None  # the phases' summaries as one JSON file
 
     def __post_init__(self) -> None:
