@@ -153,6 +153,15 @@ fn stage_spec(name: &str, entry: &Value) -> Result<StageSpec, String> {
     Ok(StageSpec { buckets, handles, captured_seqs })
 }
 
+/// `spec.sm_partition.stream`: the stream of the SM partition an engine runs on (null or absent: none).
+fn partition_stream(spec: &Value) -> Result<Option<u64>, String> {
+    match spec.get("sm_partition") {
+        None | Some(Value::Null) => Ok(None),
+        Some(p) => get(p, "spec.sm_partition.", "stream")?.as_u64().map(Some)
+            .ok_or_else(|| "spec.sm_partition.stream is not a handle".to_string()),
+    }
+}
+
 impl EngineSpec {
     pub fn from_json(spec: &Value) -> Result<EngineSpec, String> {
         let version = int(spec, "spec.", "version")?;
@@ -175,11 +184,7 @@ impl EngineSpec {
             None | Some(Value::Null) => None,
             Some(h) => Some(ArenaLayout::from_json(h, "spec.handover.")?),
         };
-        let partition_stream = match spec.get("sm_partition") {
-            None | Some(Value::Null) => None,
-            Some(p) => Some(get(p, "spec.sm_partition.", "stream")?.as_u64()
-                .ok_or("spec.sm_partition.stream is not a handle")?),
-        };
+        let partition_stream = partition_stream(spec)?;
         Ok(EngineSpec {
             engine_id: int(spec, "spec.", "engine_id")?,
             device: string(spec, "spec.", "device")?,
@@ -214,5 +219,22 @@ impl EngineSpec {
             Some(rest) => rest.trim_start_matches(':').parse().map_err(|_| format!("spec.device {:?}", self.device)),
             None => Err(format!("spec.device {:?} is not a CUDA device", self.device)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::partition_stream;
+
+    #[test]
+    fn an_sm_partition_names_the_stream_to_launch_on() {
+        assert_eq!(partition_stream(&json!({})), Ok(None));
+        assert_eq!(partition_stream(&json!({"sm_partition": null})), Ok(None));
+        assert_eq!(partition_stream(&json!({"sm_partition": {"sms": 16, "stream": 4660}})), Ok(Some(4660)));
+        assert!(partition_stream(&json!({"sm_partition": {"sms": 16}})).unwrap_err().contains("stream"));
+        assert_eq!(partition_stream(&json!({"sm_partition": {"stream": "x"}})),
+                   Err("spec.sm_partition.stream is not a handle".to_string()));
     }
 }
