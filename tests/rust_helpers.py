@@ -8,6 +8,9 @@ also only with flashinfer-python's headers) are missing.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -40,3 +43,13 @@ def require_planner() -> ModuleType:
     if not rt.planner_available():
         _fail_or_skip("vox_serve._rt was built without nvcc or flashinfer-python's headers: no planner", True)
     return rt
+
+
+def cuda_bench_wavs(runtime: str, out: Path, model: str, *extra: str) -> tuple[dict[str, bytes], str]:
+    """(the WAVs by name, stderr) of three greedy bench requests of 70 tokens on CUDA (batches of up to 8)."""
+    cmd = [sys.executable, "-m", "vox_serve.launch", "--runtime", runtime, "--model", model, "--device", "cuda",
+           "--bench-requests", "3", "--greedy", "--bench-out", str(out), "--max-batch-size", "8",
+           "--max-codec-batch", "8", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}', *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {f.name: f.read_bytes() for f in sorted(out.glob("*.wav"))}, proc.stderr

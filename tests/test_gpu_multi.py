@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from http_harness import generate_concurrently, parse_wav, running_server, wait_until
-from rust_helpers import require_rt
+from rust_helpers import cuda_bench_wavs, require_rt
 
 from tests.engine_helpers import make_loop, prepare
 from tests.orpheus_helpers import run_requests
@@ -59,12 +59,7 @@ def test_disaggregated_on_two_gpus_equals_one_gpu(model: str) -> None:
 
 
 def _bench_wavs(runtime: str, out: Path, model: str, *extra: str) -> dict[str, bytes]:
-    cmd = [sys.executable, "-m", "vox_serve.launch", "--runtime", runtime, "--model", model, "--device", "cuda",
-           "--bench-requests", "3", "--greedy", "--bench-out", str(out), "--max-batch-size", "8",
-           "--max-codec-batch", "8", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}', *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {f.name: f.read_bytes() for f in sorted(out.glob("*.wav"))}
+    return cuda_bench_wavs(runtime, out, model, *extra)[0]
 
 
 @pytest.mark.parametrize("model,extra", [

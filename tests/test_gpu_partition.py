@@ -6,14 +6,11 @@ partition makes the audio of the unpartitioned run."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from rust_helpers import require_rt
+from rust_helpers import cuda_bench_wavs, require_rt
 
 from vox_serve.rt.partition import sm_partition
 
@@ -76,21 +73,12 @@ def test_kernels_on_a_partition_stay_on_its_sms() -> None:
     assert 1 < _distinct(out) <= part.sms
 
 
-def _bench_wavs(out: Path, model: str, *extra: str) -> tuple[dict[str, bytes], str]:
-    cmd = [sys.executable, "-m", "vox_serve.launch", "--runtime", "rust", "--model", model, "--device", "cuda",
-           "--bench-requests", "3", "--greedy", "--bench-out", str(out), "--max-batch-size", "8",
-           "--max-codec-batch", "8", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}', *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {f.name: f.read_bytes() for f in sorted(out.glob("*.wav"))}, proc.stderr
-
-
 @pytest.mark.parametrize("model", ["orpheus-tiny", "qwen3-tts-tiny"])
 def test_rust_codec_on_a_partition_makes_the_same_audio(tmp_path: Path, model: str) -> None:
     """One GPU: `--codec-gpu 0` splits the replica into halves on cuda:0, `--codec-sms 16` puts the codec half's
     graphs on a 16-SM partition; the audio equals the whole engine's."""
     require_rt()
-    whole, _ = _bench_wavs(tmp_path / "whole", model)
-    partitioned, stderr = _bench_wavs(tmp_path / "part", model, "--codec-gpu", "0", "--codec-sms", "16")
+    whole, _ = cuda_bench_wavs("rust", tmp_path / "whole", model)
+    partitioned, stderr = cuda_bench_wavs("rust", tmp_path / "part", model, "--codec-gpu", "0", "--codec-sms", "16")
     assert "SM partition of 16 of the" in stderr, stderr[-2000:]
     assert list(whole) == ["bench-000.wav", "bench-001.wav", "bench-002.wav"] and partitioned == whole

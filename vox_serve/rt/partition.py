@@ -103,19 +103,11 @@ def _green_context(index: int, sms: int) -> Any:
 
 
 def _stream_of(context: Any, index: int) -> torch.cuda.Stream:
-    """A stream of the green context: its `Stream()` where this torch has it, else the stream torch makes
-    current while the context is (older torch: refused if it makes none)."""
-    if hasattr(context, "Stream"):
-        stream = context.Stream()
-    else:
-        default = torch.cuda.current_stream(index)
-        context.set_context()
-        try:
-            stream = torch.cuda.current_stream(index)
-        finally:
-            context.pop_context()
-        if stream.cuda_stream == default.cuda_stream:
-            raise PartitionError(f"this torch {torch.__version__} gives its green contexts no stream of their own")
+    """The green context's stream (`GreenContext.Stream()`, torch 2.11 and later)."""
+    if not hasattr(context, "Stream"):
+        raise PartitionError(f"--codec-sms needs a torch whose green contexts have streams (2.11 or later), not "
+                             f"{torch.__version__}")
+    stream = context.Stream()
     if not isinstance(stream, torch.cuda.Stream):
         stream = torch.cuda.ExternalStream(int(stream), device=torch.device("cuda", index))
     return stream
