@@ -5,6 +5,9 @@ that vox_serve/rt/small_gemm_tables/<gpu model>.json holds for the GPUs it was m
     python benchmark/small_gemm.py --out results.json --table table.json [--rows 1,2,4,8,16] \
         [--models orpheus,qwen3,csm]
 
+Compiling the candidates is most of the time; `--compile-only --shard I/N` in N processes at once fills Triton's
+cache first (benchmark/gpu_small_gemm.sh does).
+
 Each time is a CUDA-graph replay of launches cycling over enough copies of the weight that they come from HBM,
 not the L2 (as in a model, where every layer's weights differ); the unfused side is what the decoder layers run
 without the table: `add_rms_norm` + cuBLAS (+ `silu_mul`).
@@ -57,14 +60,29 @@ MODELS = {
             Shape("csm-depth", "head", Kind.NORM, 2051, 1024)],
 }
 
-FMA_CONFIGS = [BlockConfig(4, 512), BlockConfig(8, 256), BlockConfig(8, 512), BlockConfig(16, 256)]
-DOT_CONFIGS = [BlockConfig(16, 128, dot=True), BlockConfig(16, 256, dot=True), BlockConfig(32, 128, dot=True),
-               BlockConfig(64, 64, dot=True)]
+FMA_CONFIGS = [BlockConfig(4, 256), BlockConfig(2, 512), BlockConfig(4, 512), BlockConfig(8, 512),
+               BlockConfig(1, 1024), BlockConfig(2, 1024), BlockConfig(4, 1024), BlockConfig(2, 2048),
+               BlockConfig(4, 1024, stages=1), BlockConfig(4, 512, unroll=True), BlockConfig(2, 1024, unroll=True),
+               BlockConfig(8, 256, unroll=True)]
+DOT_CONFIGS = [BlockConfig(16, 128, dot=True), BlockConfig(16, 256, dot=True, stages=4),
+               BlockConfig(32, 128, dot=True, stages=4), BlockConfig(16, 512, dot=True),
+               BlockConfig(32, 256, dot=True), BlockConfig(64, 64, dot=True, stages=4),
+               BlockConfig(16, 256, dot=True, unroll=True)]
+FMA_MAX_ROWS = 4
+FMA_TILE_PER_WARP = 2048  # accumulator floats per warp (64 per thread): bucket x block_n x block_k (x 2 gated)
+MAX_UNROLLED_STEPS = 8
 
 
-def candidates(m: int) -> list[BlockConfig]:
-    fma = [c for c in FMA_CONFIGS if m <= 4 and small_gemm.rows_bucket(m) * c.block_n * c.block_k <= 16384]
-    return fma + DOT_CONFIGS
+def candidates(shape: Shape, m: int) -> list[BlockConfig]:
+    halves = 2 if shape.kind is Kind.GATED else 1
+
+    def fits(c: BlockConfig) -> bool:
+        if c.unroll and math.ceil(shape.k / c.block_k) > MAX_UNROLLED_STEPS:
+            return False
+        return c.dot or small_gemm.rows_bucket(m) * c.block_n * c.block_k * halves <= FMA_TILE_PER_WARP * c.warps
+
+    fma = FMA_CONFIGS if m <= FMA_MAX_ROWS else []
+    return [c for c in fma + DOT_CONFIGS if fits(c)]
 
 
 class Case:
@@ -119,11 +137,22 @@ def graph_us(fn, weights: list[torch.Tensor], replays: int = 20) -> float:
     return start.elapsed_time(end) * 1000 / (replays * len(weights))
 
 
+def compile_only(case: Case) -> None:
+    """Each candidate run once: its kernel compiled into Triton's cache, for the measuring run."""
+    for config in candidates(case.shape, case.m):
+        small_gemm.forced = lambda kind, m, n, k, c=config: c
+        try:
+            case.fused(case.weights[0])
+        finally:
+            small_gemm.forced = None
+    torch.cuda.synchronize()
+
+
 def measure(case: Case) -> dict:
     base = graph_us(case.unfused, case.weights)
     ref = case.unfused(case.weights[0]).float()
     tried = []
-    for config in candidates(case.m):
+    for config in candidates(case.shape, case.m):
         small_gemm.forced = lambda kind, m, n, k, c=config: c
         try:
             got = case.fused(case.weights[0]).float()
@@ -141,21 +170,31 @@ def measure(case: Case) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="every measurement (JSON)")
-    p.add_argument("--table", type=Path, required=True, help="the winning configurations (JSON)")
+    p.add_argument("--out", type=Path, help="every measurement (JSON)")
+    p.add_argument("--table", type=Path, help="the winning configurations (JSON)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="only compile the candidates (several such processes fill Triton's cache in parallel)")
+    p.add_argument("--shard", default="0/1", help="I/N: this process takes every N-th shape x rows case from I")
     p.add_argument("--rows", default="1,2,4,8,16")
     p.add_argument("--models", default="orpheus,qwen3,csm")
     p.add_argument("--min-speedup", type=float, default=1.03, help="an entry needs this ratio over the unfused ops")
     args = p.parse_args()
+    if not args.compile_only and (args.out is None or args.table is None):
+        p.error("--out and --table are needed unless --compile-only")
+    index, count = (int(v) for v in args.shard.split("/"))
+    cases = [(shape, int(r)) for model in args.models.split(",") for shape in MODELS[model]
+             for r in args.rows.split(",")][index::count]
+    if args.compile_only:
+        for shape, m in cases:
+            compile_only(Case(shape, m))
+        return
     results = []
-    for model in args.models.split(","):
-        for shape in MODELS[model]:
-            for m in (int(r) for r in args.rows.split(",")):
-                r = measure(Case(shape, m))
-                results.append(r)
-                print(f"{r['model']:18s} {r['name']:8s} {r['kind']:5s} N={r['n']:5d} K={r['k']:5d} m={m:2d}: "
-                      f"unfused {r['unfused_us']:7.2f} us, fused {r['best']['us']:7.2f} us {r['best']['config']} "
-                      f"(x{r['speedup']:.2f}, floor {r['floor_us']:.2f} us, err {r['best']['err']:.1e})", flush=True)
+    for shape, m in cases:
+        r = measure(Case(shape, m))
+        results.append(r)
+        print(f"{r['model']:18s} {r['name']:8s} {r['kind']:5s} N={r['n']:5d} K={r['k']:5d} m={m:2d}: "
+              f"unfused {r['unfused_us']:7.2f} us, fused {r['best']['us']:7.2f} us {r['best']['config']} "
+              f"(x{r['speedup']:.2f}, floor {r['floor_us']:.2f} us, err {r['best']['err']:.1e})", flush=True)
     entries = {}
     for r in results:
         if r["speedup"] >= args.min_speedup and r["best"]["err"] < 0.05:

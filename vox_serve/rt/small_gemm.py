@@ -9,12 +9,16 @@ blocks: the input rows (M <= 16) are re-read by every block, the weight once.
 
 - `linear(x, W, b)`: x @ W.T (+ b);
 - `norm_linear(x, delta, norm, W)`: (x + delta, RMSNorm(x + delta) @ W.T): the residual add and the norm
-  in the prologue (each block recomputes the rows' norms; block 0 writes the sum);
+  in the same pass over K as the weight (each block sums the rows' squares and scales its dot products by
+  1 / rms, a per-row factor, at the end; block 0 writes the sum);
 - `norm_gated(x, delta, norm, W)`: the same with W the fused gate/up weight [2I, K], returning
   silu(gate) * up [M, I]: both halves' columns in the same block.
 
-Rounding follows the unfused ops (the sum and the normed rows rounded to the input dtype, the gate and
-up projections rounded before the gate), so only the order of the float32 sums differs.
+Rounding follows the unfused ops where the one pass allows: the sum x + delta is rounded to the input dtype, the
+gate and up projections are rounded before the gate. The normed rows are not rounded as RMSNorm's output would
+be: the FMA path keeps x * norm weight in float32, the tensor-core path rounds it to the input dtype before
+the 1 / rms scale, so results differ from the unfused ops by about one rounding of the normed rows (bfloat16:
+a few 1e-3 relative).
 
 Which kernel serves a shape is measured, not guessed: a table per GPU model
 (`small_gemm_tables/<model>.json`, written by `benchmark/small_gemm.py --table`) gives the block sizes for
@@ -59,16 +63,26 @@ class Kind(enum.Enum):
 
 @dataclass(frozen=True)
 class BlockConfig:
-    """Column block, K block and warps; `dot` uses the tensor cores (16 rows padded), else FMAs over the
-    rows' power-of-two bucket."""
+    """Column block, K block, warps and pipeline stages; `dot` uses the tensor cores (16 rows padded), else FMAs
+    over the rows' power-of-two bucket; `unroll` unrolls the K loop instead of pipelining it."""
 
     block_n: int
     block_k: int
     warps: int = 4
     dot: bool = False
+    stages: int = 3
+    unroll: bool = False
 
     def as_list(self) -> list[int]:
-        return [self.block_n, self.block_k, self.warps, int(self.dot)]
+        return [self.block_n, self.block_k, self.warps, int(self.dot), self.stages, int(self.unroll)]
+
+    @classmethod
+    def of_list(cls, values: list[int]) -> BlockConfig:
+        """[block_n, block_k, warps, dot(, stages(, unroll))]: tables written before stages and unroll have 4."""
+        bn, bk, warps, dot, *rest = values
+        stages = int(rest[0]) if rest else 3
+        unroll = bool(rest[1]) if len(rest) > 1 else False
+        return cls(bn, bk, warps, bool(dot), stages, unroll)
 
 
 class Norm(Protocol):
@@ -90,12 +104,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def table_from_json(entries: list[dict]) -> dict[Key, BlockConfig]:
-    """[{"kind", "dtype", "rows", "n", "k", "config": [block_n, block_k, warps, dot]}, ...] -> the table."""
-    out = {}
-    for e in entries:
-        bn, bk, warps, dot = e["config"]
-        out[(e["kind"], e["dtype"], int(e["rows"]), int(e["n"]), int(e["k"]))] = BlockConfig(bn, bk, warps, bool(dot))
-    return out
+    """[{"kind", "dtype", "rows", "n", "k", "config": BlockConfig.as_list()}, ...] -> the table."""
+    return {(e["kind"], e["dtype"], int(e["rows"]), int(e["n"]), int(e["k"])): BlockConfig.of_list(e["config"])
+            for e in entries}
 
 
 def table_path(device_name: str) -> Path:
@@ -162,9 +173,9 @@ def _launch(config: BlockConfig, x: Tensor, delta: Tensor | None, norm_weight: T
     grid = (triton.cdiv(n, config.block_n),)
     _small_linear_kernel[grid](
         x, delta, norm_weight if norm_weight is not None else x, total, weight, bias if bias is not None else x,
-        out, m, n, k, eps, HAS_DELTA=total is not x, NORM=norm_weight is not None, GATED=gated,
-        HAS_BIAS=bias is not None, DOT=config.dot, BLOCK_M=block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, num_warps=config.warps)
+        out, m, n, eps, K=k, HAS_DELTA=total is not x, NORM=norm_weight is not None, GATED=gated,
+        HAS_BIAS=bias is not None, DOT=config.dot, UNROLL=config.unroll, BLOCK_M=block_m, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, num_warps=config.warps, num_stages=config.stages)
     return total, out
 
 
@@ -181,58 +192,76 @@ if triton is not None:
         return a.to(tl.float32)
 
     @triton.jit
-    def _times_w(a, w, DOT: tl.constexpr):
-        """a [BLOCK_M, BLOCK_K] (input dtype) @ w [BLOCK_N, BLOCK_K].T -> float32 [BLOCK_M, BLOCK_N]."""
+    def _times_w(acc, a, w, DOT: tl.constexpr):
+        """acc + a [BLOCK_M, BLOCK_K] @ w [BLOCK_N, BLOCK_K].T: on the tensor cores (acc [BLOCK_M, BLOCK_N]), or as
+        FMAs into acc [BLOCK_M, BLOCK_N, BLOCK_K], reduced over K once after the loop."""
         if DOT:
-            return tl.dot(a, tl.trans(w))
-        return tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+            return acc + tl.dot(a.to(w.dtype), tl.trans(w))
+        return acc + a[:, None, :] * w.to(tl.float32)[None, :, :]
 
     @triton.jit
-    def _inverse_rms(x_ptr, d_ptr, sum_ptr, rm, m_mask, write_mask, K, eps, HAS_DELTA: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-        """1 / rms of each row of x (+ delta) [BLOCK_M]; the sums written to sum_ptr in the rows of write_mask."""
-        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            mask = m_mask[:, None] & (rk < K)[None, :]
-            a = _rows(x_ptr, d_ptr, rm, rk, mask, K, HAS_DELTA)
-            squares += tl.sum(a * a, axis=1)
+    def _k_step(k0, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, rm, m_mask, write_rows, rn, n_mask, acc, acc_up, squares, N,
+                K: tl.constexpr, HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                DOT: tl.constexpr, BLOCK_K: tl.constexpr):
+        """One K block: the weight rows loaded first, then the input rows (their squares summed for the norm, the
+        sum written by block 0), scaled by the norm's weight; 1 / rms is a per-row factor applied after the loop."""
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = rk < K
+        w_mask = n_mask[:, None] & k_mask[None, :]
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=w_mask, other=0.0)
+        if GATED:
+            w_up = tl.load(w_ptr + (rn + N)[:, None] * K + rk[None, :], mask=w_mask, other=0.0)
+        a = _rows(x_ptr, d_ptr, rm, rk, m_mask[:, None] & k_mask[None, :], K, HAS_DELTA)
+        if NORM:
+            squares += a * a
             if HAS_DELTA:
                 tl.store(sum_ptr + rm[:, None] * K + rk[None, :], a.to(sum_ptr.dtype.element_ty),
-                         mask=write_mask[:, None] & (rk < K)[None, :])
-        return 1.0 / tl.sqrt(squares / K + eps)
+                         mask=write_rows[:, None] & k_mask[None, :])
+            a = a * tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        acc = _times_w(acc, a, w, DOT)
+        if GATED:
+            acc_up = _times_w(acc_up, a, w_up, DOT)
+        return acc, acc_up, squares
 
-    # One program per column block: the rows' norms (NORM), then the K loop over the block's weight rows (and, GATED,
-    # the up half's rows at n + the same columns), then bias or gate, rounded to the output dtype.
+    # One program per column block: one pass over K reading the block's weight rows (and, GATED, the up half's rows
+    # at n + the same columns) and the input rows, then the rows' 1 / rms, the bias or the gate, rounded to the
+    # output dtype. UNROLL unrolls the K loop (all its loads can be in flight at once); otherwise num_stages
+    # pipelines it.
     @triton.jit(do_not_specialize=["m", "eps"])
-    def _small_linear_kernel(x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, K, eps,
+    def _small_linear_kernel(x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, eps, K: tl.constexpr,
                              HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                             HAS_BIAS: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                             HAS_BIAS: tl.constexpr, DOT: tl.constexpr, UNROLL: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid = tl.program_id(0)
         rm = tl.arange(0, BLOCK_M)
         m_mask = rm < m
+        write_rows = rm < tl.where(pid == 0, m, 0)  # block 0 writes the sums
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = rn < N
         dtype = x_ptr.dtype.element_ty
+        if DOT:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc_up = tl.zeros_like(acc)
+        squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+        if UNROLL:
+            for k0 in tl.static_range(0, K, BLOCK_K):
+                acc, acc_up, squares = _k_step(k0, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, rm, m_mask, write_rows, rn,
+                                               n_mask, acc, acc_up, squares, N, K, HAS_DELTA, NORM, GATED, DOT,
+                                               BLOCK_K)
+        else:
+            for k0 in range(0, K, BLOCK_K):
+                acc, acc_up, squares = _k_step(k0, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, rm, m_mask, write_rows, rn,
+                                               n_mask, acc, acc_up, squares, N, K, HAS_DELTA, NORM, GATED, DOT,
+                                               BLOCK_K)
+        if not DOT:
+            acc = tl.sum(acc, axis=2)
+            acc_up = tl.sum(acc_up, axis=2)
         if NORM:
-            write_mask = rm < tl.where(pid == 0, m, 0)  # block 0 writes the sums
-            inv = _inverse_rms(x_ptr, d_ptr, sum_ptr, rm, m_mask, write_mask, K, eps, HAS_DELTA, BLOCK_M, BLOCK_K)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            k_mask = rk < K
-            a = _rows(x_ptr, d_ptr, rm, rk, m_mask[:, None] & k_mask[None, :], K, HAS_DELTA)
-            if NORM:
-                a = a * inv[:, None] * tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-            a = a.to(dtype)
-            w_mask = n_mask[:, None] & k_mask[None, :]
-            w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=w_mask, other=0.0)
-            acc += _times_w(a, w, DOT)
-            if GATED:
-                w_up = tl.load(w_ptr + (rn + N)[:, None] * K + rk[None, :], mask=w_mask, other=0.0)
-                acc_up += _times_w(a, w_up, DOT)
+            inv = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
+            acc = acc * inv[:, None]
+            acc_up = acc_up * inv[:, None]
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         if GATED:

@@ -1,0 +1,57 @@
+"""rt.small_gemm's tables: the JSON format (old four-field configurations and the current six), the packaged
+tables, and the benchmark's candidate filter that writes them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from vox_serve.rt import small_gemm
+from vox_serve.rt.small_gemm import BlockConfig, Kind
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_configurations_round_trip_and_old_tables_read_with_defaults() -> None:
+    config = BlockConfig(2, 1024, warps=2, dot=False, stages=1, unroll=True)
+    assert BlockConfig.of_list(config.as_list()) == config
+    assert BlockConfig.of_list([16, 256, 4, 1]) == BlockConfig(16, 256, 4, True, stages=3, unroll=False)
+    assert BlockConfig.of_list([8, 512, 4, 0, 4]) == BlockConfig(8, 512, 4, False, stages=4, unroll=False)
+    table = small_gemm.table_from_json([{"kind": "gated", "dtype": "bfloat16", "rows": 2, "n": 8192, "k": 3072,
+                                         "config": [8, 512, 4, 0]}])
+    assert table == {("gated", "bfloat16", 2, 8192, 3072): BlockConfig(8, 512)}
+
+
+@pytest.mark.parametrize("path", sorted(small_gemm.TABLES_DIR.glob("*.json")), ids=lambda p: p.name)
+def test_packaged_tables_parse_to_valid_configurations(path: Path) -> None:
+    data = json.loads(path.read_text())
+    assert small_gemm.table_path(data["device"]) == path
+    table = small_gemm.table_from_json(data["entries"])
+    assert table and len(table) == len(data["entries"])
+    for (kind, dtype, rows, n, k), config in table.items():
+        assert Kind(kind) and dtype == "bfloat16" and rows == small_gemm.rows_bucket(rows) <= small_gemm.MAX_ROWS
+        assert n > 0 and k > 0 and config.warps in (1, 2, 4, 8) and config.stages >= 1
+        for block in (config.block_n, config.block_k):
+            assert block & (block - 1) == 0  # Triton's blocks are powers of two
+
+
+def test_benchmark_candidates_respect_the_register_and_unroll_limits() -> None:
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    try:
+        import small_gemm as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmark"))
+    gated = bench.Shape("m", "gate_up", Kind.GATED, 8192, 3072)
+    for m in (1, 2, 4, 8, 16):
+        chosen = bench.candidates(gated, m)
+        assert any(c.dot for c in chosen)
+        assert all(c.dot for c in chosen) == (m > bench.FMA_MAX_ROWS)
+        for c in chosen:
+            assert not c.unroll or -(-gated.k // c.block_k) <= bench.MAX_UNROLLED_STEPS
+            if not c.dot:
+                assert small_gemm.rows_bucket(m) * c.block_n * c.block_k * 2 <= bench.FMA_TILE_PER_WARP * c.warps
+    long_k = bench.Shape("m", "down", Kind.PLAIN, 3072, 8192)
+    assert not any(c.unroll and c.block_k < 1024 for c in bench.candidates(long_k, 1))
