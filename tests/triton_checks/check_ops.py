@@ -212,14 +212,15 @@ def _small_gemm_reference(kind: "small_gemm.Kind", x: torch.Tensor, delta: torch
 
 def check_small_gemm(device: str = "cpu") -> None:
     """Every kind (plain with and without bias, norm and gated with and without the residual delta), on the
-    FMA and the tensor-core paths, their K loops pipelined or unrolled, rows 1..16, N and K not multiples of the blocks, float32 and bfloat16 (also
-    run on a GPU by tests/test_gpu_kernels.py); the reference on the CPU."""
+    FMA and the tensor-core paths, their K loops pipelined or unrolled, rows 1..16, N and K not multiples of the
+    blocks, float32 and bfloat16 (also run on a GPU by tests/test_gpu_kernels.py); the reference on the CPU."""
     from types import SimpleNamespace
 
     gen = torch.Generator().manual_seed(8)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 0.04)):  # bf16: a few roundings
         for config in (small_gemm.BlockConfig(8, 64), small_gemm.BlockConfig(16, 32, dot=True),
-                       small_gemm.BlockConfig(4, 32, unroll=True), small_gemm.BlockConfig(32, 64, dot=True, unroll=True)):
+                       small_gemm.BlockConfig(4, 32, unroll=True),
+                       small_gemm.BlockConfig(32, 64, dot=True, unroll=True)):
             if dtype == torch.bfloat16 and config.dot and device == "cpu":
                 continue  # the interpreter's bfloat16 tl.dot is wrong (Triton 3.9); the GPU tier checks this one
             small_gemm.forced = lambda kind, m, n, k, c=config: c
