@@ -7,14 +7,9 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi -L
 if [ -z "${VOX_SMALL_GEMM_TABLE:-}" ]; then
-  jobs=${COMPILE_JOBS:-12}
-  for i in $(seq 0 $((jobs - 1))); do  # fill Triton's cache in parallel: compiling is most of the time
-    timeout "${COMPILE_TIMEOUT:-240}" python3 benchmark/small_gemm.py --compile-only --shard "$i/$jobs" \
-      ${SMALL_GEMM_ARGS:-} > "$OUT/small_gemm_compile_$i.txt" 2>&1 &
-  done
-  wait
   timeout "${BENCH_TIMEOUT:-300}" python3 benchmark/small_gemm.py --out "$OUT/small_gemm_results.json" \
-    --table "$OUT/small_gemm_table.json" ${SMALL_GEMM_ARGS:-} 2>&1 | tee "$OUT/small_gemm.txt" | cut -c1-200
+    --table "$OUT/small_gemm_table.json" --compile-jobs "${COMPILE_JOBS:-12}" ${SMALL_GEMM_ARGS:-} 2>&1 \
+    | tee "$OUT/small_gemm.txt" | cut -c1-200
   export VOX_SMALL_GEMM_TABLE=$OUT/small_gemm_table.json
 fi
 if [ "${TESTS:-1}" = 1 ]; then

@@ -5,8 +5,8 @@ that vox_serve/rt/small_gemm_tables/<gpu model>.json holds for the GPUs it was m
     python benchmark/small_gemm.py --out results.json --table table.json [--rows 1,2,4,8,16] \
         [--models orpheus,qwen3,csm]
 
-Compiling the candidates is most of the time; `--compile-only --shard I/N` in N processes at once fills Triton's
-cache first (benchmark/gpu_small_gemm.sh does).
+Compiling the candidates is most of the time: `--compile-jobs N` compiles them first in N processes, and leaves
+out (and records) a configuration that crashes Triton's compiler.
 
 Each time is a CUDA-graph replay of launches cycling over enough copies of the weight that they come from HBM,
 not the L2 (as in a model, where every layer's weights differ); the unfused side is what the decoder layers run
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,7 @@ DOT_CONFIGS = [BlockConfig(16, 128, dot=True), BlockConfig(16, 256, dot=True, st
 FMA_MAX_ROWS = 4
 FMA_TILE_PER_WARP = 2048  # accumulator floats per warp (64 per thread): bucket x block_n x block_k (x 2 gated)
 MAX_UNROLLED_STEPS = 8
+MAX_COMPILE_ATTEMPTS = 30
 
 
 def candidates(shape: Shape, m: int) -> list[BlockConfig]:
@@ -137,9 +139,21 @@ def graph_us(fn, weights: list[torch.Tensor], replays: int = 20) -> float:
     return start.elapsed_time(end) * 1000 / (replays * len(weights))
 
 
-def compile_only(case: Case) -> None:
-    """Each candidate run once: its kernel compiled into Triton's cache, for the measuring run."""
-    for config in candidates(case.shape, case.m):
+def compile_key(shape: Shape, m: int, config: BlockConfig) -> str:
+    """What a compiled kernel depends on: the kind, K, the rows block and the configuration (N is an argument)."""
+    block_m = small_gemm.MAX_ROWS if config.dot else small_gemm.rows_bucket(m)
+    return f"{shape.kind.value} k={shape.k} block_m={block_m} {config.as_list()}"
+
+
+def usable(shape: Shape, m: int, crashed: set[str]) -> list[BlockConfig]:
+    return [c for c in candidates(shape, m) if compile_key(shape, m, c) not in crashed]
+
+
+def compile_only(case: Case, crashed: set[str]) -> None:
+    """Each candidate run once, its kernel compiled into Triton's cache; "begin KEY" before each, so that a
+    compiler crash (an abort, which no try catches) names the configuration that caused it."""
+    for config in usable(case.shape, case.m, crashed):
+        print("begin", compile_key(case.shape, case.m, config), flush=True)
         small_gemm.forced = lambda kind, m, n, k, c=config: c
         try:
             case.fused(case.weights[0])
@@ -148,11 +162,40 @@ def compile_only(case: Case) -> None:
     torch.cuda.synchronize()
 
 
-def measure(case: Case) -> dict:
+def compile_in_parallel(args: argparse.Namespace, jobs: int, crashed_file: Path) -> set[str]:
+    """Fill Triton's cache from `jobs` processes; a shard that crashes Triton's compiler is run again without the
+    configuration it was compiling. Returns the configurations that crashed (left out of the measurement)."""
+    crashed: set[str] = set()
+    pending = list(range(jobs))
+    for _attempt in range(MAX_COMPILE_ATTEMPTS):
+        crashed_file.write_text("".join(f"{key}\n" for key in sorted(crashed)))
+        logs = {i: crashed_file.with_name(f"{crashed_file.stem}.shard{i}.log") for i in pending}
+        procs = {i: subprocess.Popen([sys.executable, __file__, "--compile-only", "--shard", f"{i}/{jobs}",
+                                      "--rows", args.rows, "--models", args.models, "--skip", str(crashed_file)],
+                                     stdout=logs[i].open("w"), stderr=subprocess.STDOUT)
+                 for i in pending}
+        failed = []
+        for i, proc in procs.items():
+            proc.wait()
+            output = logs[i].read_text()
+            if proc.returncode != 0:
+                begun = [line.removeprefix("begin ") for line in output.splitlines() if line.startswith("begin ")]
+                if not begun:
+                    raise RuntimeError(f"compile shard {i} failed before compiling anything:\n{output[-2000:]}")
+                crashed.add(begun[-1])
+                failed.append(i)
+                print(f"shard {i}: the compiler crashed on {begun[-1]} (left out)", flush=True)
+        if not failed:
+            return crashed
+        pending = failed
+    raise RuntimeError(f"compile shards {pending} still crash after {MAX_COMPILE_ATTEMPTS} attempts")
+
+
+def measure(case: Case, crashed: set[str]) -> dict:
     base = graph_us(case.unfused, case.weights)
     ref = case.unfused(case.weights[0]).float()
     tried = []
-    for config in candidates(case.shape, case.m):
+    for config in usable(case.shape, case.m, crashed):
         small_gemm.forced = lambda kind, m, n, k, c=config: c
         try:
             got = case.fused(case.weights[0]).float()
@@ -172,25 +215,30 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, help="every measurement (JSON)")
     p.add_argument("--table", type=Path, help="the winning configurations (JSON)")
-    p.add_argument("--compile-only", action="store_true",
-                   help="only compile the candidates (several such processes fill Triton's cache in parallel)")
-    p.add_argument("--shard", default="0/1", help="I/N: this process takes every N-th shape x rows case from I")
+    p.add_argument("--compile-jobs", type=int, default=0,
+                   help="compile the candidates first in this many processes (compiling is most of the time)")
+    p.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)  # a compile shard
+    p.add_argument("--shard", default="0/1", help=argparse.SUPPRESS)  # I/N: every N-th shape x rows case from I
+    p.add_argument("--skip", type=Path, help=argparse.SUPPRESS)  # configurations that crashed the compiler
     p.add_argument("--rows", default="1,2,4,8,16")
     p.add_argument("--models", default="orpheus,qwen3,csm")
     p.add_argument("--min-speedup", type=float, default=1.03, help="an entry needs this ratio over the unfused ops")
     args = p.parse_args()
     if not args.compile_only and (args.out is None or args.table is None):
-        p.error("--out and --table are needed unless --compile-only")
+        p.error("--out and --table are needed")
     index, count = (int(v) for v in args.shard.split("/"))
     cases = [(shape, int(r)) for model in args.models.split(",") for shape in MODELS[model]
              for r in args.rows.split(",")][index::count]
+    crashed = set(args.skip.read_text().split("\n")) - {""} if args.skip else set()
     if args.compile_only:
         for shape, m in cases:
-            compile_only(Case(shape, m))
+            compile_only(Case(shape, m), crashed)
         return
+    if args.compile_jobs > 0:
+        crashed = compile_in_parallel(args, args.compile_jobs, args.out.with_suffix(".crashed.txt"))
     results = []
     for shape, m in cases:
-        r = measure(Case(shape, m))
+        r = measure(Case(shape, m), crashed)
         results.append(r)
         print(f"{r['model']:18s} {r['name']:8s} {r['kind']:5s} N={r['n']:5d} K={r['k']:5d} m={m:2d}: "
               f"unfused {r['unfused_us']:7.2f} us, fused {r['best']['us']:7.2f} us {r['best']['config']} "
@@ -202,7 +250,8 @@ def main() -> None:
             entries[key] = {"kind": r["kind"], "dtype": "bfloat16", "rows": key[2], "n": r["n"], "k": r["k"],
                             "config": r["best"]["config"]}
     device = torch.cuda.get_device_name()
-    args.out.write_text(json.dumps({"device": device, "results": results}, indent=1))
+    args.out.write_text(json.dumps({"device": device, "compiler_crashed": sorted(crashed), "results": results},
+                                   indent=1))
     args.table.write_text(json.dumps({"device": device, "made_by": "benchmark/small_gemm.py", "entries":
                                       list(entries.values())}, indent=1))
     print(f"{len(entries)} entries of {len(results)} shapes x rows -> {args.table} "
