@@ -196,8 +196,10 @@ if triton is not None:
         """acc + a [BLOCK_M, BLOCK_K] @ w [BLOCK_N, BLOCK_K].T: on the tensor cores (acc [BLOCK_M, BLOCK_N]), or as
         FMAs into acc [BLOCK_M, BLOCK_N, BLOCK_K], reduced over K once after the loop."""
         if DOT:
-            return acc + tl.dot(a.to(w.dtype), tl.trans(w))
-        return acc + a[:, None, :] * w.to(tl.float32)[None, :, :]
+            out = acc + tl.dot(a.to(w.dtype), tl.trans(w))
+        else:
+            out = acc + a[:, None, :] * w.to(tl.float32)[None, :, :]
+        return out
 
     @triton.jit
     def _k_step(k0, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, rm, m_mask, write_rows, rn, n_mask, acc, acc_up, squares, N,
