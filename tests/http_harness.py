@@ -6,6 +6,7 @@ The server runs `python -m vox_serve.launch` on CPU with orpheus-tiny in its own
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import signal
@@ -167,6 +168,18 @@ def parse_wav(data: bytes) -> Wav:
     (riff_size,) = struct.unpack("<I", data[4:8])
     (data_size,) = struct.unpack("<I", data[40:44])
     return Wav(rate, channels, bits, riff_size, data_size, data[44:])
+
+
+# Codec batches differ between runs (which windows share a step); CPU kernels may then sum in another
+# order (AVX2 ones do), which moves a sample by an int16 step. Different tokens differ by thousands.
+PCM_LSB_ATOL = 2
+
+
+def pcm_difference(got: bytes, want: bytes) -> int:
+    """The largest |difference| between two 16-bit PCM streams of equal length, in int16 steps."""
+    assert len(got) == len(want), (len(got), len(want))
+    a, b = array.array("h", got), array.array("h", want)
+    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0)
 
 
 def error_of(response: httpx.Response) -> dict[str, Any]:

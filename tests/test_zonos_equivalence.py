@@ -21,6 +21,7 @@ from vox_serve.models.zonos.loader import load_zonos_lm
 from vox_serve.rt.checkpoint import CheckpointError
 
 LOGITS_ATOL = 2e-5
+COND_ATOL = 1e-5  # float32 projection + LayerNorm, summation order across CPUs' kernels (observed 7e-7)
 SCENARIOS = json.loads((FIXTURES / "scenarios.json").read_text())
 GENERATION = ("greedy", "topk1_prefix", "greedy_short", "max_tokens")
 
@@ -65,7 +66,8 @@ def test_scenarios_cover_the_stop_rules(expected) -> None:
 @pytest.mark.parametrize("name", GENERATION)
 def test_prefix_conditioning_matches_reference(lm, expected, name: str) -> None:
     """Phonemes through espeak-ng, speaker / emotion / fmax / pitch / rate / language rows, unconditional
-    vectors for missing inputs, projection and LayerNorm: bit-identical to upstream's prepare_conditioning."""
+    vectors for missing inputs, projection and LayerNorm: upstream's prepare_conditioning up to float32
+    summation order (bit-identical on the CPU that made the fixture)."""
     needs_espeak()
     cond = dict(SCENARIOS[name]["cond"])
     text, language = cond.pop("text"), cond.pop("language")
@@ -78,7 +80,7 @@ def test_prefix_conditioning_matches_reference(lm, expected, name: str) -> None:
         got = lm.prefix_conditioner.guidance_pair(inputs)
     want = expected[f"{name}.conditioning"]
     assert got.shape == want.shape and got.shape[1] == num_prefix_rows(lm.cfg, inputs)
-    assert torch.equal(got, want)
+    assert (got - want).abs().max() <= COND_ATOL
 
 
 def test_phonemes_match_reference() -> None:
