@@ -5,27 +5,32 @@
 // They compute what vox_serve/rt/kernels.py (the reference) computes:
 // - vox_hash_uniform: the counter-based uniforms of `hash_uniform`, bit for bit (uint32 arithmetic
 //   wraps exactly like the reference's masked int64 arithmetic);
-// - vox_sample: `sample`: allowed mask, repetition penalty, temperature, softmax, top-k / top-p /
-//   min-p over the descending order (ties by ascending id), renormalisation, then the exponential
-//   race argmax(p / -log U) over the same uniforms. Greedy rows (temperature <= 0) take the argmax.
-//   One block per row, on one of two paths (chosen per row, so a block never diverges):
-//   - rows with top_p < 1 need the cumulative mass in descending order: a bitonic sort of the row's
-//     keys in shared memory, then scans over the ranks;
-//   - the others (top_p >= 1, and greedy rows) need no order: each thread keeps its columns in
-//     registers; the rank-0 token is a block argmax, and top-k keeps the keys up to the k-th
-//     smallest, found by a radix select (8 bits a pass, integer counts, so deterministic).
-// Probabilities can differ from the reference's in the last bits (sums in another order), so a
-// draw whose top-p boundary or race is tied to the last bit can pick another token; greedy rows and
-// the RNG bits are exact.
+// - vox_sample (1024 threads, vocab <= 8192) and vox_sample_256 (256 threads, vocab <= 2048):
+//   `sample`: allowed mask, repetition penalty, temperature, softmax, top-k / top-p / min-p over the
+//   descending order (ties by ascending id), renormalisation, then the exponential race
+//   argmax(p / -log U) over the same uniforms. One block per row; each thread keeps 8 strided
+//   columns in registers, and nothing is sorted. A column's rank key is its filtered logit's
+//   inverted order above its id, so ascending keys are the reference's stable descending order:
+//   - rank 0 is a block argmax; greedy rows (temperature <= 0) stop there;
+//   - top-k keeps the keys up to the k-th smallest, found by a radix select (8 bits a pass,
+//     integer counts);
+//   - top-p (top_p < 1, or NaN) keeps the ranks whose mass before them, within the top k, is below
+//     top_p times the top-k mass: a prefix of the ranks, whose last key a second radix select finds
+//     from histograms of counts and of probability mass per bin. The mass is summed in 2^-40 fixed
+//     point with integer atomics, so both selects are deterministic;
+//   - min-p, rank 0 always kept, the renormalisation and the race as in the reference.
+// Probabilities can differ from the reference's in the last bits (sums in another order, the top-p
+// mass in fixed point rather than a float32 cumsum), so a draw whose top-p boundary or race is tied
+// to the last bit can pick another token; greedy rows and the RNG bits are exact.
 
 #include <stdint.h>
 
 namespace {
 
-constexpr int kThreads = 1024;
-constexpr int kMaxPerThread = 8;  // sort_len <= 8192
+constexpr int kPerThread = 8;  // the columns a thread holds in registers: vocab <= Threads * 8
 constexpr uint32_t kNegInfBits = 0xFF800000u;
 constexpr uint32_t kGolden = 0x9E3779B9u;
+using u64 = unsigned long long;  // the 64-bit integer type of atomicAdd and the shuffles
 
 __device__ __forceinline__ uint32_t fmix32(uint32_t h) {
   h ^= h >> 16;
@@ -62,90 +67,48 @@ __device__ __forceinline__ uint32_t float_order(float z) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
-__device__ __forceinline__ float order_float(uint32_t order) {
-  return __uint_as_float((order & 0x80000000u) ? (order & 0x7FFFFFFFu) : ~order);
-}
-
-// The filtered logit a sort key carries in its upper word (inverted order).
-__device__ __forceinline__ float sorted_logit(uint64_t key) { return order_float(~static_cast<uint32_t>(key >> 32)); }
-
-template <typename T, typename Op>
-__device__ T block_reduce(T value, T* scratch, Op op) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int d = 16; d > 0; d >>= 1) value = op(value, __shfl_xor_sync(0xFFFFFFFFu, value, d));
-  __syncthreads();  // scratch may still be read by a previous reduction
-  if (lane == 0) scratch[warp] = value;
-  __syncthreads();
-  value = scratch[lane];
-  for (int d = 16; d > 0; d >>= 1) value = op(value, __shfl_xor_sync(0xFFFFFFFFu, value, d));
-  return value;
-}
-
-// Exclusive prefix sum over the threads' values (in thread order), in double.
-__device__ double block_exclusive_scan(double value, double* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  double inclusive = value;
-  for (int d = 1; d < 32; d <<= 1) {
-    const double up = __shfl_up_sync(0xFFFFFFFFu, inclusive, d);
-    if (lane >= d) inclusive += up;
-  }
-  __syncthreads();
-  if (lane == 31) scratch[warp] = inclusive;
-  __syncthreads();
-  if (warp == 0) {
-    double total = scratch[lane], run = total;
-    for (int d = 1; d < 32; d <<= 1) {
-      const double up = __shfl_up_sync(0xFFFFFFFFu, run, d);
-      if (lane >= d) run += up;
-    }
-    scratch[lane] = run - total;  // warp offsets
-  }
-  __syncthreads();
-  return scratch[warp] + inclusive - value;
-}
-
 struct ScoreId {
   float score;
   int32_t id;
 };
+
+// Loses to every column's value: the identity of the argmax reductions.
+__device__ __forceinline__ ScoreId no_score() { return {__uint_as_float(kNegInfBits), 0x7FFFFFFF}; }
 
 __device__ __forceinline__ ScoreId better(ScoreId a, ScoreId b) {
   // Higher score wins; among equal scores the lower id (the reference's argmax over ids).
   return (b.score > a.score || (b.score == a.score && b.id < a.id)) ? b : a;
 }
 
+struct Better {
+  __device__ ScoreId operator()(ScoreId a, ScoreId b) const { return better(a, b); }
+};
+
+struct Add {
+  template <typename T>
+  __device__ T operator()(T x, T y) const { return x + y; }
+};
+
+__device__ __forceinline__ double shfl_xor(double v, int d) { return __shfl_xor_sync(0xFFFFFFFFu, v, d); }
+__device__ __forceinline__ u64 shfl_xor(u64 v, int d) { return __shfl_xor_sync(0xFFFFFFFFu, v, d); }
 __device__ __forceinline__ ScoreId shfl_xor(ScoreId v, int d) {
   return {__shfl_xor_sync(0xFFFFFFFFu, v.score, d), __shfl_xor_sync(0xFFFFFFFFu, v.id, d)};
 }
 
-__device__ ScoreId block_argmax(ScoreId value, ScoreId* scratch) {
+// The block's reduction of `value` (op commutative and associative; every thread gets the same
+// result). Threads / 32 warps write their partials; lanes past the last warp read `identity`.
+template <int Threads, typename T, typename Op>
+__device__ T block_reduce(T value, T* scratch, Op op, T identity) {
+  static_assert(Threads % 32 == 0 && Threads <= 1024, "whole warps, at most 32 of them");
+  constexpr int kWarps = Threads / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int d = 16; d > 0; d >>= 1) value = better(value, shfl_xor(value, d));
-  __syncthreads();
+  for (int d = 16; d > 0; d >>= 1) value = op(value, shfl_xor(value, d));
+  __syncthreads();  // scratch may still be read by a previous reduction
   if (lane == 0) scratch[warp] = value;
   __syncthreads();
-  value = scratch[lane];
-  for (int d = 16; d > 0; d >>= 1) value = better(value, shfl_xor(value, d));
+  value = lane < kWarps ? scratch[lane] : identity;
+  for (int d = 16; d > 0; d >>= 1) value = op(value, shfl_xor(value, d));
   return value;
-}
-
-// Ascending bitonic sort of `n` (a power of two) keys in shared memory.
-__device__ void bitonic_sort(uint64_t* keys, int n) {
-  for (int k = 2; k <= n; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = threadIdx.x; i < n; i += kThreads) {
-        const int partner = i ^ j;
-        if (partner > i) {
-          const uint64_t a = keys[i], b = keys[partner];
-          if ((a > b) == ((i & k) == 0)) {
-            keys[i] = b;
-            keys[partner] = a;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
 }
 
 struct SampleArgs {
@@ -162,22 +125,26 @@ struct SampleArgs {
   int64_t* out;                 // [rows]
   int32_t vocab;
   int32_t history_len;
-  int32_t sort_len;             // power of two >= max(vocab, kThreads)
   uint32_t salt;
 };
 
-// A row's sort key: the inverted order of its filtered logit above the token id, so ascending keys
-// give descending logits with ties by ascending id (the reference's stable descending sort).
+// A column's rank key: the inverted order of its filtered logit above the token id, so ascending
+// keys give descending logits with ties by ascending id (the reference's stable descending sort).
 __device__ __forceinline__ uint64_t rank_key(float z, int col) {
   return (static_cast<uint64_t>(~float_order(z)) << 32) | static_cast<uint32_t>(col);
 }
 
+// A thread's i-th column: strided, so loads coalesce; columns >= vocab hold nothing.
+template <int Threads>
+__device__ __forceinline__ int column(int i) { return static_cast<int>(threadIdx.x) + i * Threads; }
+
 // The row's repetition-penalty marks: present[col] = 1 for the tokens of its history.
+template <int Threads>
 __device__ void mark_history(const SampleArgs& a, int64_t row, uint8_t* present) {
-  for (int col = threadIdx.x; col < a.vocab; col += kThreads) present[col] = 0;
+  for (int col = threadIdx.x; col < a.vocab; col += Threads) present[col] = 0;
   __syncthreads();
   if (a.history != nullptr) {
-    for (int j = threadIdx.x; j < a.history_len; j += kThreads) {
+    for (int j = threadIdx.x; j < a.history_len; j += Threads) {
       const int64_t token = a.history[row * a.history_len + j];
       if (token >= 0 && token < a.vocab) present[token] = 1;
     }
@@ -196,106 +163,42 @@ __device__ __forceinline__ float filtered_logit(const SampleArgs& a, int64_t row
   return x / divisor;
 }
 
-// Sort keys of the row's columns, padded with -inf keys past the vocabulary up to sort_len.
-__device__ void write_sort_keys(const SampleArgs& a, int64_t row, uint64_t* keys, uint8_t* present) {
-  mark_history(a, row, present);
-  for (int col = threadIdx.x; col < a.sort_len; col += kThreads) {
-    const float z = col < a.vocab ? filtered_logit(a, row, col, present) : __uint_as_float(kNegInfBits);
-    keys[col] = rank_key(z, col);
-  }
-  __syncthreads();
-}
-
-struct Add {
-  __device__ double operator()(double x, double y) const { return x + y; }
-};
-
 // The race score of a kept probability (0 for a filtered token); U is strictly inside (0, 1), so
 // -log U is finite and positive.
 __device__ __forceinline__ float race_score(float prob, float kept_total, uint32_t key, int32_t id) {
   return (prob / kept_total) / -logf(hash_uniform_at(key, static_cast<uint32_t>(id)));
 }
 
-struct Scratch {
-  double* sum;
-  ScoreId* arg;
+// ---- radix selects over the rank keys ----------------------------------------------------------
+
+// 8 bits a pass over the high word (shifts 56, 48, 40, 32), then over the id's 16 low bits (8, 0);
+// the bits between are 0.
+constexpr int kBins = 256;
+constexpr int kPasses = 6;
+__device__ __forceinline__ int pass_shift(int pass) { return pass < 4 ? 56 - 8 * pass : 8 * (5 - pass); }
+
+// Radix-select state in shared memory: the histograms of a pass, then warp 0's choice. A pass
+// zeroes only the histograms, so the choice of the previous pass stays readable until warp 0
+// overwrites it, after the pass's second barrier (which every thread reaches after reading it).
+struct RadixState {
+  u64 mass[kBins];      // per bin: the counted keys' probability mass, 2^-40 fixed point (top-p)
+  uint32_t count[kBins];  // per bin: how many counted keys
+  u64 before;           // choice: the mass of the counted keys below the chosen bin, plus the earlier passes' (top-p)
+  uint32_t bin;         // choice: the chosen bin
+  uint32_t rank;        // choice: the wanted rank inside it (top-k)
+  uint32_t last;        // choice: whether the select ends in that bin
 };
 
-// ---- rows with top_p < 1: the sorted order ---------------------------------------------------
-
-__device__ int32_t sample_sorted(const SampleArgs& a, int64_t row, uint64_t* keys, uint8_t* present, Scratch s) {
-  write_sort_keys(a, row, keys, present);
-  bitonic_sort(keys, a.sort_len);
-
-  // Each thread owns `per` (<= kMaxPerThread) consecutive ranks of the sorted row (loops unrolled to
-  // kMaxPerThread keep probs in registers).
-  const int per = a.sort_len / kThreads, first = threadIdx.x * per;
-  const float top = sorted_logit(keys[0]);
-  float probs[kMaxPerThread];
-  double local = 0.0;
-#pragma unroll
-  for (int i = 0; i < kMaxPerThread && i < per; ++i) {
-    probs[i] = expf(sorted_logit(keys[first + i]) - top);
-    local += probs[i];
-  }
-  const float total = static_cast<float>(block_reduce(local, s.sum, Add()));
-  const int64_t top_k = a.top_k[row];
-  local = 0.0;
-#pragma unroll
-  for (int i = 0; i < kMaxPerThread && i < per; ++i) {
-    probs[i] /= total;
-    if (top_k <= 0 || first + i < top_k) local += probs[i];
-  }
-  // Top-p is measured on the renormalised top-k distribution: against top_p * (top-k mass).
-  const float mass_k = static_cast<float>(block_reduce(local, s.sum, Add()));
-  local = 0.0;
-#pragma unroll
-  for (int i = 0; i < kMaxPerThread && i < per; ++i) local += probs[i];
-  double cumulative = block_exclusive_scan(local, s.sum);
-
-  const bool greedy = a.temperature[row] <= 0.0f;
-  const float top_p = a.top_p[row];
-  const float min_prob = a.min_p[row] * (1.0f / total);  // rank 0 has probability exp(0) / total
-  local = 0.0;
-#pragma unroll
-  for (int i = 0; i < kMaxPerThread && i < per; ++i) {
-    const int rank = first + i;
-    cumulative += probs[i];
-    const float mass_before = static_cast<float>(cumulative) - probs[i];  // the reference's cumsum - p
-    bool keep = (top_k <= 0 || rank < top_k) && (top_p >= 1.0f || mass_before < top_p * mass_k);
-    keep = (keep && probs[i] >= min_prob) || rank == 0;
-    probs[i] = keep && (!greedy || rank == 0) ? probs[i] : 0.0f;
-    local += probs[i];
-  }
-  const float kept_total = static_cast<float>(block_reduce(local, s.sum, Add()));
-
-  const uint32_t key = hash_key(a.seed[row], a.offset[row], a.salt);
-  ScoreId best = {-1.0f, 0x7FFFFFFF};
-#pragma unroll
-  for (int i = 0; i < kMaxPerThread && i < per; ++i) {
-    const int32_t id = static_cast<int32_t>(keys[first + i] & 0xFFFFFFFFu);
-    if (id < a.vocab) best = better(best, {race_score(probs[i], kept_total, key, id), id});
-  }
-  return block_argmax(best, s.arg).id;
-}
-
-// ---- rows with top_p >= 1 (and greedy rows): no order needed ---------------------------------
-
-// A thread's i-th column: strided, so loads coalesce; columns >= vocab hold nothing.
-__device__ __forceinline__ int column(int i) { return static_cast<int>(threadIdx.x) + i * kThreads; }
-
-static_assert(kThreads * kMaxPerThread <= 65536, "the radix select counts 16 id bits");
-
-// Radix-select state in shared memory: a histogram, then the chosen bin, the rank inside it and
-// whether that rank is the bin's last.
-constexpr int kBins = 256, kBinOut = kBins, kRankOut = kBins + 1, kLastOut = kBins + 2;
-constexpr int kSelectWords = kBins + 3;
+// The selects' result: a key is at or below the selected one iff (key & mask) <= prefix.
+struct KthKey {
+  uint64_t prefix, mask;
+};
 
 // Warp 0: the bin holding the counted key of 0-based `rank`; each lane scans 8 bins.
-__device__ void pick_bin(uint32_t* hist, uint32_t rank) {
+__device__ void pick_kth_bin(RadixState& r, uint32_t rank) {
   const int lane = threadIdx.x, base = lane * (kBins / 32);
   uint32_t sum = 0;
-  for (int b = 0; b < kBins / 32; ++b) sum += hist[base + b];
+  for (int b = 0; b < kBins / 32; ++b) sum += r.count[base + b];
   uint32_t inclusive = sum;
   for (int d = 1; d < 32; d <<= 1) {
     const uint32_t up = __shfl_up_sync(0xFFFFFFFFu, inclusive, d);
@@ -304,109 +207,232 @@ __device__ void pick_bin(uint32_t* hist, uint32_t rank) {
   uint32_t before = inclusive - sum;
   if (rank < before || rank >= inclusive) return;
   for (int b = 0; b < kBins / 32; ++b) {
-    const uint32_t count = hist[base + b];
+    const uint32_t count = r.count[base + b];
     if (rank < before + count) {
-      hist[kBinOut] = base + b;
-      hist[kRankOut] = rank - before;
-      hist[kLastOut] = rank - before + 1 == count;
+      r.bin = base + b;
+      r.rank = rank - before;
+      r.last = rank - before + 1 == count;
       return;
     }
     before += count;
   }
 }
 
-// Top-k keeps a key iff (key & mask) <= prefix.
-struct KthKey {
-  uint64_t prefix, mask;
-};
-
-// The key of 0-based `rank` among the row's (unique) keys, radix-selected 8 bits a pass over the
-// high word, then over the id's 16 low bits (the bits between are 0). It stops at the first pass
-// whose chosen bin ends at that rank: every key of that bin is then <= the wanted one.
-__device__ KthKey select_kth(const float (&z)[kMaxPerThread], int vocab, uint32_t rank, uint32_t* hist) {
+// The key of 0-based `rank` among the row's (unique) keys, radix-selected 8 bits a pass. It stops at
+// the first pass whose chosen bin ends at that rank: every key of that bin is then <= the wanted one.
+template <int Threads>
+__device__ KthKey select_kth(const float (&z)[kPerThread], int vocab, uint32_t rank, RadixState& r) {
+  static_assert(Threads >= kBins, "one thread zeroes each bin");
+  static_assert(Threads * kPerThread <= 65536, "the radix select counts 16 id bits");
   KthKey kth = {0, 0};
-  for (int pass = 0; pass < 6; ++pass) {
-    const int shift = pass < 4 ? 56 - 8 * pass : 8 * (5 - pass);  // 56, 48, 40, 32, 8, 0
-    if (threadIdx.x < kBins) hist[threadIdx.x] = 0;
-    __syncthreads();  // also: every thread has read the previous pass's choice
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int shift = pass_shift(pass);
+    if (threadIdx.x < kBins) r.count[threadIdx.x] = 0;
+    __syncthreads();
 #pragma unroll
-    for (int i = 0; i < kMaxPerThread; ++i) {
-      const uint64_t key = rank_key(z[i], column(i));
-      if (column(i) < vocab && (key & kth.mask) == kth.prefix) atomicAdd(&hist[(key >> shift) & 0xFFu], 1u);
+    for (int i = 0; i < kPerThread; ++i) {
+      const uint64_t key = rank_key(z[i], column<Threads>(i));
+      if (column<Threads>(i) < vocab && (key & kth.mask) == kth.prefix) atomicAdd(&r.count[(key >> shift) & 0xFFu], 1u);
     }
     __syncthreads();
-    if (threadIdx.x < 32) pick_bin(hist, rank);
+    if (threadIdx.x < 32) pick_kth_bin(r, rank);
     __syncthreads();
-    kth.prefix |= static_cast<uint64_t>(hist[kBinOut]) << shift;
+    kth.prefix |= static_cast<uint64_t>(r.bin) << shift;
     kth.mask |= 0xFFull << shift;
-    rank = hist[kRankOut];
-    if (hist[kLastOut]) break;
+    rank = r.rank;
+    if (r.last) break;
   }
   return kth;
 }
 
-// The thread's filtered logits; -0 reads as +0 so that keys order them equal, as the reference's
-// sort does (the sorted path keeps the raw bits).
-__device__ void load_logits(const SampleArgs& a, int64_t row, const uint8_t* present, float (&z)[kMaxPerThread]) {
+// A probability in 2^-40 fixed point (round to nearest): at most 2^40, so the sum of 8192 fits.
+__device__ __forceinline__ u64 fixed_mass(float prob) { return __float2ull_rn(prob * 1099511627776.0f); }
+
+// Warp 0: the last nonempty bin whose first key has a mass before it (`before` + the lower bins')
+// below `threshold`: the bin of the last kept key. Each lane scans 8 bins; the highest candidate
+// bin, unique to one lane, is written by that lane. There always is one: the first key counted in a
+// pass has the mass before it of the previous choice, which was below the threshold (and 0 < it in
+// the first pass).
+__device__ void pick_boundary_bin(RadixState& r, u64 before, u64 threshold) {
+  const int lane = threadIdx.x, base = lane * (kBins / 32);
+  u64 sum = 0;
+#pragma unroll 1
+  for (int b = 0; b < kBins / 32; ++b) sum += r.mass[base + b];
+  u64 inclusive = sum;
+  for (int d = 1; d < 32; d <<= 1) {
+    const u64 up = __shfl_up_sync(0xFFFFFFFFu, inclusive, d);
+    if (lane >= d) inclusive += up;
+  }
+  u64 below = before + (inclusive - sum);
+  int chosen = -1;
+  u64 chosen_below = 0;
+  uint32_t chosen_count = 0;
+#pragma unroll 1
+  for (int b = 0; b < kBins / 32; ++b) {
+    const uint32_t count = r.count[base + b];
+    if (count != 0 && below < threshold) {
+      chosen = base + b;
+      chosen_below = below;
+      chosen_count = count;
+    }
+    below += r.mass[base + b];
+  }
+  int highest = chosen;
+  for (int d = 16; d > 0; d >>= 1) highest = max(highest, __shfl_xor_sync(0xFFFFFFFFu, highest, d));
+  if (chosen >= 0 && chosen == highest) {
+    r.bin = chosen;
+    r.before = chosen_below;
+    r.last = chosen_count == 1;
+  }
+}
+
+// The largest key among the `members` (bit i: the thread's i-th column) whose mass before it (the
+// members' fixed-point mass of the smaller keys) is below `threshold` (> 0, so the smallest member
+// qualifies): the same passes as select_kth over the members, with a histogram of mass besides the
+// counts. It stops when the chosen bin holds one key (keys are unique: at the last pass at most).
+template <int Threads>
+__device__ KthKey select_boundary(const float (&z)[kPerThread], const float (&probs)[kPerThread], uint32_t members,
+                                  u64 threshold, RadixState& r) {
+  static_assert(Threads >= kBins, "one thread zeroes each bin");
+  static_assert(Threads * kPerThread <= 65536, "the radix select counts 16 id bits");
+  KthKey last = {0, 0};
+  u64 before = 0;  // the members' mass below the keys matching the prefix
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int shift = pass_shift(pass);
+    if (threadIdx.x < kBins) {
+      r.count[threadIdx.x] = 0;
+      r.mass[threadIdx.x] = 0;
+    }
+    __syncthreads();
 #pragma unroll
-  for (int i = 0; i < kMaxPerThread; ++i) {
-    const float x = column(i) < a.vocab ? filtered_logit(a, row, column(i), present) : __uint_as_float(kNegInfBits);
+    for (int i = 0; i < kPerThread; ++i) {
+      const uint64_t key = rank_key(z[i], column<Threads>(i));
+      if (((members >> i) & 1u) && (key & last.mask) == last.prefix) {
+        const uint32_t bin = (key >> shift) & 0xFFu;
+        atomicAdd(&r.count[bin], 1u);
+        const u64 mass = fixed_mass(probs[i]);
+        if (mass != 0) atomicAdd(&r.mass[bin], mass);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) pick_boundary_bin(r, before, threshold);
+    __syncthreads();
+    last.prefix |= static_cast<uint64_t>(r.bin) << shift;
+    last.mask |= 0xFFull << shift;
+    before = r.before;
+    if (r.last) break;
+  }
+  return last;
+}
+
+// ---- one row ------------------------------------------------------------------------------------
+
+// The shared memory of a block besides the history marks.
+struct Shared {
+  RadixState radix;
+  double sum[32];
+  u64 fixed[32];
+  ScoreId arg[32];
+};
+
+// The thread's filtered logits; -0 reads as +0 so that keys order them equal, as the reference's
+// sort does.
+template <int Threads>
+__device__ void load_logits(const SampleArgs& a, int64_t row, const uint8_t* present, float (&z)[kPerThread]) {
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int col = column<Threads>(i);
+    const float x = col < a.vocab ? filtered_logit(a, row, col, present) : __uint_as_float(kNegInfBits);
     z[i] = x == 0.0f ? 0.0f : x;
   }
 }
 
 // Bit i set: the thread's i-th column is within the top k (all of them without a top-k).
-__device__ uint32_t top_k_columns(const SampleArgs& a, int64_t row, const float (&z)[kMaxPerThread], uint32_t* hist) {
+template <int Threads>
+__device__ uint32_t top_k_columns(const SampleArgs& a, int64_t row, const float (&z)[kPerThread], RadixState& r) {
   const int64_t top_k = a.top_k[row];
   KthKey kth = {~0ull, ~0ull};
-  if (top_k > 0 && top_k < a.vocab) kth = select_kth(z, a.vocab, static_cast<uint32_t>(top_k - 1), hist);
+  if (top_k > 0 && top_k < a.vocab) kth = select_kth<Threads>(z, a.vocab, static_cast<uint32_t>(top_k - 1), r);
   uint32_t bits = 0;
 #pragma unroll
-  for (int i = 0; i < kMaxPerThread; ++i) {
-    if (column(i) < a.vocab && (rank_key(z[i], column(i)) & kth.mask) <= kth.prefix) bits |= 1u << i;
+  for (int i = 0; i < kPerThread; ++i) {
+    const int col = column<Threads>(i);
+    if (col < a.vocab && (rank_key(z[i], col) & kth.mask) <= kth.prefix) bits |= 1u << i;
   }
   return bits;
 }
 
-__device__ int32_t sample_unsorted(const SampleArgs& a, int64_t row, uint32_t* hist, uint8_t* present, Scratch s) {
-  mark_history(a, row, present);
-  float z[kMaxPerThread];
-  load_logits(a, row, present, z);
-  ScoreId first = {__uint_as_float(kNegInfBits), 0x7FFFFFFF};  // rank 0: the max, ties to the lowest id
+// The top-k columns (`in_top_k`) that top-p keeps: rank r stays iff the top-k mass before it is below
+// top_p * (top-k mass) (top-p on the renormalised top-k distribution), compared in fixed point. For
+// an integer m, m < x iff m < ceil(x); a NaN or nonpositive top_p keeps none (rank 0 is added back).
+template <int Threads>
+__device__ uint32_t top_p_columns(const float (&z)[kPerThread], const float (&probs)[kPerThread], uint32_t in_top_k,
+                                  float top_p, Shared& sh) {
+  u64 local = 0;
 #pragma unroll
-  for (int i = 0; i < kMaxPerThread; ++i) {
-    if (column(i) < a.vocab) first = better(first, {z[i], column(i)});
+  for (int i = 0; i < kPerThread; ++i) {
+    if ((in_top_k >> i) & 1u) local += fixed_mass(probs[i]);
   }
-  first = block_argmax(first, s.arg);
+  const u64 mass_k = block_reduce<Threads>(local, sh.fixed, Add(), 0ull);
+  const u64 threshold =
+      top_p > 0.0f ? static_cast<u64>(ceil(static_cast<double>(top_p) * static_cast<double>(mass_k))) : 0ull;
+  if (threshold == 0) return 0u;
+  const KthKey last = select_boundary<Threads>(z, probs, in_top_k, threshold, sh.radix);
+  uint32_t bits = 0;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    if (((in_top_k >> i) & 1u) && (rank_key(z[i], column<Threads>(i)) & last.mask) <= last.prefix) bits |= 1u << i;
+  }
+  return bits;
+}
+
+// The row's token (every thread returns it).
+template <int Threads>
+__device__ int32_t sample_row(const SampleArgs& a, int64_t row, uint8_t* present, Shared& sh) {
+  mark_history<Threads>(a, row, present);
+  float z[kPerThread];
+  load_logits<Threads>(a, row, present, z);
+  ScoreId first = no_score();  // rank 0: the max, ties to the lowest id
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    if (column<Threads>(i) < a.vocab) first = better(first, {z[i], column<Threads>(i)});
+  }
+  first = block_reduce<Threads>(first, sh.arg, Better(), no_score());
   if (a.temperature[row] <= 0.0f) return first.id;
 
-  const uint32_t in_top_k = top_k_columns(a, row, z, hist);
-  float probs[kMaxPerThread];
+  uint32_t keep = top_k_columns<Threads>(a, row, z, sh.radix);
+  float probs[kPerThread];
   double local = 0.0;
 #pragma unroll
-  for (int i = 0; i < kMaxPerThread; ++i) {
-    probs[i] = column(i) < a.vocab ? expf(z[i] - first.score) : 0.0f;
+  for (int i = 0; i < kPerThread; ++i) {
+    probs[i] = column<Threads>(i) < a.vocab ? expf(z[i] - first.score) : 0.0f;
     local += probs[i];
   }
-  const float total = static_cast<float>(block_reduce(local, s.sum, Add()));
+  const float total = static_cast<float>(block_reduce<Threads>(local, sh.sum, Add(), 0.0));
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) probs[i] /= total;
+  // Rows with top_p < 1 (a NaN top_p too) take the top-p select; the branch is uniform in the block.
+  const float top_p = a.top_p[row];
+  if (!(top_p >= 1.0f)) keep = top_p_columns<Threads>(z, probs, keep, top_p, sh);
+
   const float min_prob = a.min_p[row] * (1.0f / total);  // rank 0 has probability exp(0) / total
   local = 0.0;
 #pragma unroll
-  for (int i = 0; i < kMaxPerThread; ++i) {
-    probs[i] /= total;
-    const bool keep = (((in_top_k >> i) & 1u) && probs[i] >= min_prob) || column(i) == first.id;
-    probs[i] = keep ? probs[i] : 0.0f;
+  for (int i = 0; i < kPerThread; ++i) {
+    const bool kept = (((keep >> i) & 1u) && probs[i] >= min_prob) || column<Threads>(i) == first.id;
+    probs[i] = kept ? probs[i] : 0.0f;
     local += probs[i];
   }
-  const float kept_total = static_cast<float>(block_reduce(local, s.sum, Add()));
+  const float kept_total = static_cast<float>(block_reduce<Threads>(local, sh.sum, Add(), 0.0));
 
   const uint32_t key = hash_key(a.seed[row], a.offset[row], a.salt);
-  ScoreId best = {-1.0f, 0x7FFFFFFF};
+  ScoreId best = no_score();
 #pragma unroll
-  for (int i = 0; i < kMaxPerThread; ++i) {
-    if (column(i) < a.vocab) best = better(best, {race_score(probs[i], kept_total, key, column(i)), column(i)});
+  for (int i = 0; i < kPerThread; ++i) {
+    const int col = column<Threads>(i);
+    if (col < a.vocab) best = better(best, {race_score(probs[i], kept_total, key, col), col});
   }
-  return block_argmax(best, s.arg).id;
+  return block_reduce<Threads>(best, sh.arg, Better(), no_score()).id;
 }
 
 }  // namespace
@@ -419,19 +445,18 @@ extern "C" __global__ void vox_hash_uniform(const int64_t* seed, const int64_t* 
   out[i] = hash_uniform_at(hash_key(seed[row], offset[row], salt), static_cast<uint32_t>(i % n));
 }
 
-// One block of kThreads per row; dynamic shared memory: sort_len * 8 + vocab bytes (the sort keys,
-// or the radix select's words, then the history marks).
-extern "C" __global__ void __launch_bounds__(kThreads) vox_sample(SampleArgs a) {
-  extern __shared__ uint64_t keys[];
-  __shared__ double sum_scratch[32];
-  __shared__ ScoreId arg_scratch[32];
-  static_assert(kSelectWords * 4 <= kThreads * 8, "sort_len >= kThreads");
-  uint8_t* present = reinterpret_cast<uint8_t*>(keys + a.sort_len);
-  const int64_t row = blockIdx.x;
-  const Scratch s = {sum_scratch, arg_scratch};
-  // Greedy rows keep rank 0 whatever top_p is; a NaN top_p takes the sorted path (which keeps rank 0).
-  const bool sorted = !(a.top_p[row] >= 1.0f) && a.temperature[row] > 0.0f;
-  const int32_t token = sorted ? sample_sorted(a, row, keys, present, s)
-                               : sample_unsorted(a, row, reinterpret_cast<uint32_t*>(keys), present, s);
-  if (threadIdx.x == 0) a.out[row] = token;
+// One block per row, of 1024 threads (vocab <= 8192) or 256 (vocab <= 2048); dynamic shared memory:
+// vocab bytes (the history marks).
+extern "C" __global__ void __launch_bounds__(1024) vox_sample(SampleArgs a) {
+  __shared__ Shared shared;
+  extern __shared__ uint8_t present[];
+  const int32_t token = sample_row<1024>(a, blockIdx.x, present, shared);
+  if (threadIdx.x == 0) a.out[blockIdx.x] = token;
+}
+
+extern "C" __global__ void __launch_bounds__(256) vox_sample_256(SampleArgs a) {
+  __shared__ Shared shared;
+  extern __shared__ uint8_t present[];
+  const int32_t token = sample_row<256>(a, blockIdx.x, present, shared);
+  if (threadIdx.x == 0) a.out[blockIdx.x] = token;
 }

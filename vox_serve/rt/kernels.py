@@ -239,6 +239,16 @@ def sample(
         x = logits if history is None else apply_repetition_penalty(logits, history, params.repetition_penalty)
         return triton_ops.sample(x, allowed, params.temperature, params.top_k, params.top_p, params.min_p,
                                  params.seed, params.offset, _SALT_UNIFORM)
+    return sample_unfused(logits, params, history, allowed)
+
+
+def sample_unfused(
+    logits: Tensor,
+    params: SamplingTensors,
+    history: Tensor | None = None,
+    allowed: Tensor | None = None,
+) -> Tensor:
+    """:func:`sample` in PyTorch operations (the reference the fused kernels are checked against)."""
     probs = probs_after_filters(logits, params, history, allowed)
     uniform = hash_uniform(params.seed, params.offset, probs.shape[-1])
     # Filtered tokens have p = 0 and E is finite and positive, so they can never win.

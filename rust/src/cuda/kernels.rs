@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use std::os::raw::c_uint;
 use std::sync::Mutex;
 
-use super::driver::{check, CuFunction, CuModule, CuStream, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES};
+use super::driver::{check, CuFunction, CuModule, CuStream};
 use super::{bind, CudaError, CudaResult};
 
 #[cfg(vox_kernels)]
@@ -15,9 +15,13 @@ static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sampling.fatbin
 #[cfg(not(vox_kernels))]
 static FATBIN: &[u8] = &[];
 
-/// Largest vocabulary one sampling block sorts in shared memory (as the Triton sampler).
+/// Largest vocabulary one sampling block holds in registers (1024 threads x 8 columns; as the
+/// Triton sampler).
 pub const MAX_SAMPLE_VOCAB: usize = 8192;
 const SAMPLE_THREADS: u32 = 1024;
+/// Vocabularies up to this take `vox_sample_256` (256 threads x 8 columns).
+const SMALL_SAMPLE_VOCAB: usize = 2048;
+const SMALL_SAMPLE_THREADS: u32 = 256;
 const HASH_THREADS: u32 = 256;
 
 pub fn embedded() -> bool {
@@ -37,6 +41,7 @@ pub fn archs() -> Vec<u32> {
 struct Functions {
     hash_uniform: usize,
     sample: usize,
+    sample_256: usize,
 }
 
 static LOADED: Mutex<Vec<(i32, Functions)>> = Mutex::new(Vec::new());
@@ -69,12 +74,13 @@ fn functions(device: i32) -> CudaResult<Functions> {
         check(api, unsafe { (api.module_get_function)(&mut f, module, name.as_ptr() as *const _) }, "cuModuleGetFunction")?;
         Ok(f as usize)
     };
-    let f = Functions { hash_uniform: get(b"vox_hash_uniform\0")?, sample: get(b"vox_sample\0")? };
-    // SAFETY: a valid function; the size fits every supported architecture (>= 99 KB opt-in).
-    check(api, unsafe {
-        (api.func_set_attribute)(f.sample as CuFunction, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                 sample_shared_bytes(MAX_SAMPLE_VOCAB) as i32)
-    }, "cuFuncSetAttribute")?;
+    // Their shared memory (a few KB static, at most MAX_SAMPLE_VOCAB bytes dynamic) is within the
+    // default 48 KB: no opt-in attribute.
+    let f = Functions {
+        hash_uniform: get(b"vox_hash_uniform\0")?,
+        sample: get(b"vox_sample\0")?,
+        sample_256: get(b"vox_sample_256\0")?,
+    };
     loaded.push((device, f));
     Ok(f)
 }
@@ -125,16 +131,13 @@ pub struct SampleArgs {
     pub out: u64,
     pub vocab: i32,
     pub history_len: i32,
-    pub sort_len: i32,
     pub salt: u32,
 }
 
+/// The dynamic shared memory of a sampling block: the history marks, a byte per id (the radix
+/// selects' histograms and the reduction scratch are static).
 fn sample_shared_bytes(vocab: usize) -> usize {
-    sort_len(vocab) * 8 + vocab
-}
-
-fn sort_len(vocab: usize) -> usize {
-    vocab.next_power_of_two().max(SAMPLE_THREADS as usize)
+    vocab
 }
 
 /// One token per row of `rows x vocab` float32 logits (see sampling.cu for the arguments).
@@ -150,7 +153,8 @@ pub fn sample(device: i32, stream: u64, rows: u32, mut args: SampleArgs) -> Cuda
         return Ok(());
     }
     let f = functions(device)?;
-    args.sort_len = sort_len(vocab) as i32;
+    let (function, threads) =
+        if vocab <= SMALL_SAMPLE_VOCAB { (f.sample_256, SMALL_SAMPLE_THREADS) } else { (f.sample, SAMPLE_THREADS) };
     let mut params = [&mut args as *mut SampleArgs as *mut c_void];
-    launch(device, f.sample, rows, SAMPLE_THREADS, sample_shared_bytes(vocab) as c_uint, stream, &mut params)
+    launch(device, function, rows, threads, sample_shared_bytes(vocab) as c_uint, stream, &mut params)
 }

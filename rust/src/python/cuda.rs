@@ -126,7 +126,7 @@ fn launch_sample(device: i32, stream: u64, logits: u64, out: u64, rows: u32, voc
     }
     let args = kernels::SampleArgs {
         logits, allowed, history, penalty, temperature, top_k, top_p, min_p, seed, offset, out, vocab,
-        history_len, sort_len: 0, salt,
+        history_len, salt,
     };
     kernels::sample(device, stream, rows, args).map_err(err)
 }
