@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: rt.small_gemm measured against the unfused ops on this GPU (its table written to
-# $OUT/small_gemm_table.json), the GPU tier of the kernels with that table, then (PROFILE=1) the decode stages
-# of Orpheus-3B and Qwen3-TTS-1.7B with the table and, from TREE_BEFORE (default .before), without.
+# $OUT/small_gemm_table.json), the GPU tier of the kernels with that table (rt.small_gemm, rt.slot_head, the
+# Rust sampler), then (KERNEL_BENCH=1) the sampler's and the slot head's launch times, then (PROFILE=1) the
+# decode stages of Orpheus-3B and Qwen3-TTS-1.7B with the table and, from TREE_BEFORE (default .before), without.
 # Usage (repo root): bash benchmark/gpu_small_gemm.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -14,7 +15,11 @@ if [ -z "${VOX_SMALL_GEMM_TABLE:-}" ]; then
 fi
 if [ "${TESTS:-1}" = 1 ]; then
   timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_kernels.py \
-    tests/test_gpu_rust.py -k "${TEST_FILTER:-not planner and not prefill}" 2>&1 | tail -25 | tee "$OUT/gpu_tests.txt"
+    tests/test_gpu_rust.py tests/test_slot_head.py -k "${TEST_FILTER:-not planner and not prefill}" 2>&1 | tail -25 | tee "$OUT/gpu_tests.txt"
+fi
+if [ "${KERNEL_BENCH:-0}" = 1 ]; then
+  timeout "${BENCH_TIMEOUT:-300}" python3 benchmark/sampler.py --out "$OUT/sampler.json" ${SAMPLER_ARGS:-} 2>&1 | tee "$OUT/sampler.txt"
+  timeout 120 python3 tests/test_slot_head.py bench 2>&1 | tee "$OUT/slot_head.txt"
 fi
 profile() {  # TAG TREE: the decode stages of both models from TREE
   for model in ${MODELS:-qwen3-tts orpheus}; do

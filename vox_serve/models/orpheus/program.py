@@ -16,7 +16,7 @@ from vox_serve.codecs.snac import SnacDecoder, orpheus_frames_to_codes
 from vox_serve.core.meta import ProgramMeta, StopRule
 from vox_serve.core.request import OutKind, Prompt
 from vox_serve.layers.llama import LlamaConfig, LlamaForCausalLM
-from vox_serve.rt import kernels
+from vox_serve.rt import kernels, slot_head
 from vox_serve.rt.codec_window import CodecWindow
 from vox_serve.rt.lm_batch import LmBatch, LmSample
 from vox_serve.rt.program import Program
@@ -99,11 +99,14 @@ class OrpheusProgram(Program):
         """Logits over [the row's slot's 4096 ids, stop]: candidate c < 4096 is id base + c."""
         n = hidden.shape[0]
         w = self.lm.lm_head.weight
-        audio_w = w[AUDIO_START : AUDIO_START + SLOTS_PER_FRAME * CODES_PER_SLOT]
-        audio = (hidden @ audio_w.t()).float().view(n, SLOTS_PER_FRAME, CODES_PER_SLOT)
-        audio = audio.gather(1, slot.view(n, 1, 1).expand(n, 1, CODES_PER_SLOT)).squeeze(1)
-        stop = (hidden @ w[STOP_ID]).float().unsqueeze(1)
-        logits = torch.cat([audio, stop], dim=1)
+        # Few rows: one kernel reading only the slots present (rt.slot_head); else all 7 slots' product.
+        logits = slot_head.slot_logits(hidden, w, AUDIO_START, slot, CODES_PER_SLOT, SLOTS_PER_FRAME, STOP_ID)
+        if logits is None:
+            audio_w = w[AUDIO_START : AUDIO_START + SLOTS_PER_FRAME * CODES_PER_SLOT]
+            audio = (hidden @ audio_w.t()).float().view(n, SLOTS_PER_FRAME, CODES_PER_SLOT)
+            audio = audio.gather(1, slot.view(n, 1, 1).expand(n, 1, CODES_PER_SLOT)).squeeze(1)
+            stop = (hidden @ w[STOP_ID]).float().unsqueeze(1)
+            logits = torch.cat([audio, stop], dim=1)
         base = (AUDIO_START + CODES_PER_SLOT * slot).unsqueeze(1)
         hist = b.history
         local = hist - base
