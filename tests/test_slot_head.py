@@ -233,21 +233,11 @@ def check_bench(device: str = "cuda") -> None:
     weight = (torch.randn(vocab, k, device=device) * 0.02).bfloat16()
     args = (CODES_PER_SLOT, SLOTS_PER_FRAME, STOP_ID)
 
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    from sampler import graph_us  # the benchmarks' CUDA-graph timer
+
     def timed(fn, *fn_args) -> float:
-        fn(*fn_args)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(20):
-                fn(*fn_args)
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1000 / 200
+        return graph_us(lambda: fn(*fn_args), reps=20)
 
     configs = [None] + [slot_head.BlockConfig(n, bk, w, True, st) for n, bk, w, st in
                         ((16, 256, 4, 3), (32, 128, 4, 3), (32, 256, 4, 2), (32, 256, 4, 4), (32, 256, 8, 3),
