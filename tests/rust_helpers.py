@@ -45,10 +45,12 @@ def require_planner() -> ModuleType:
     return rt
 
 
-def cuda_bench_wavs(runtime: str, out: Path, model: str, *extra: str) -> tuple[dict[str, bytes], str]:
-    """(the WAVs by name, stderr) of three greedy bench requests of 70 tokens on CUDA (batches of up to 8)."""
+def cuda_bench_wavs(runtime: str, out: Path, model: str, *extra: str,
+                    requests: int = 3) -> tuple[dict[str, bytes], str]:
+    """(the WAVs by name, stderr) of `requests` greedy bench requests of 70 tokens on CUDA (batches of up to 8;
+    `extra` flags come last, so they may override that)."""
     cmd = [sys.executable, "-m", "vox_serve.launch", "--runtime", runtime, "--model", model, "--device", "cuda",
-           "--bench-requests", "3", "--greedy", "--bench-out", str(out), "--max-batch-size", "8",
+           "--bench-requests", str(requests), "--greedy", "--bench-out", str(out), "--max-batch-size", "8",
            "--max-codec-batch", "8", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}', *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -6,9 +6,6 @@ equal to its whole engine's and to the Python runtime's); --dp-size 2 serves on 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -97,12 +94,7 @@ def test_dp2_serves_on_two_gpus(tmp_path: Path) -> None:
 
 def _two_requests(out: Path, *extra: str) -> dict[str, bytes]:
     """The WAVs of two greedy Rust bench requests (orpheus-tiny, CUDA graphs)."""
-    cmd = [sys.executable, "-m", "vox_serve.launch", "--runtime", "rust", "--model", "orpheus-tiny", "--device", "cuda",
-           "--bench-requests", "2", "--greedy", "--bench-out", str(out), "--bench-kwargs",
-           '{"max_tokens": 70, "ignore_eos": true}', *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {f.name: f.read_bytes() for f in sorted(out.glob("*.wav"))}
+    return cuda_bench_wavs("rust", out, "orpheus-tiny", *extra, requests=2)[0]
 
 
 @pytest.mark.parametrize("extra", [("--dp-size", "2"), ("--dp-size", "2", "--codec-gpu", "1"),
