@@ -1,0 +1,179 @@
+"""benchmark/decode_attention.py's candidate kernel (planless split-KV decode attention) against a float32
+reference.
+
+The kernel checks run on the CPU through Triton's interpreter (chosen when Triton is imported), each as this file
+run as a script in a fresh process with TRITON_INTERPRET=1 (`python tests/test_decode_attention.py <check>`).
+The interpreter's bfloat16 tl.dot is wrong (Triton 3.9), so on the CPU the tensor-core path runs in float32 only;
+the GPU tier (marked gpu) checks bfloat16 on the tensor cores and in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def candidate():
+    """The benchmark module that holds the kernel."""
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    import decode_attention
+
+    return decode_attention
+
+
+def reference(q: torch.Tensor, cache: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    """Row by row in float32: the row's first kv_len tokens gathered through its page table, softmax attention
+    with the query heads grouped over the KV heads."""
+    page = cache.shape[2]
+    rows, hq, d = q.shape
+    hkv = cache.shape[3]
+    out = torch.empty(rows, hq, d)
+    for r in range(rows):
+        n = int(kv_lens[r])
+        t = torch.arange(n)
+        pages = page_table[r, t // page].long()
+        k = cache[pages, 0, t % page].float()  # [n, Hkv, D]
+        v = cache[pages, 1, t % page].float()
+        qg = q[r].float().view(hkv, hq // hkv, d)
+        p = torch.softmax(torch.einsum("hgd,nhd->hgn", qg, k) * scale, dim=-1)
+        out[r] = torch.einsum("hgn,nhd->hgd", p, v).reshape(hq, d)
+    return out
+
+
+def random_case(rows: int, kv_lens: list[int], hq: int, hkv: int, d: int, page: int, dtype: torch.dtype,
+                seed: int) -> tuple[torch.Tensor, ...]:
+    """q, a cache of shuffled pages (page 0: the null page), each row's page table and KV lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    cols = max(-(-n // page) for n in kv_lens) + 1
+    num_pages = 1 + rows * cols
+    cache = torch.randn(num_pages, 2, page, hkv, d, generator=gen).to(dtype)
+    order = torch.randperm(num_pages - 1, generator=gen) + 1
+    page_table = order.view(rows, cols).to(torch.int32)
+    page_table[:, -1] = 0  # a used table's unused columns: the null page
+    q = torch.randn(rows, hq, d, generator=gen).to(dtype)
+    return q, cache, page_table, torch.tensor(kv_lens, dtype=torch.int32)
+
+
+CASES = (  # (rows, kv lens, Hq, Hkv, page size)
+    (1, [1], 4, 2, 4),
+    (3, [5, 17, 40], 6, 2, 4),  # group 3 (Orpheus's), lengths not multiples of the page or block
+    (2, [64, 3], 8, 8, 8),  # group 1
+    (4, [33, 1, 100, 16], 4, 1, 16),  # group 4, page 16, a padded row (length 1)
+)
+
+
+def check_kernel(device: str = "cpu") -> None:
+    """Every case at split counts 1, 2 and 8 (some splits empty), blocks smaller and larger than a page, FMA and
+    tensor-core paths; launched twice with the same workspace (its counters reset themselves)."""
+    dk = candidate()
+
+    d = 16 if device == "cpu" else 64
+    configs = [dk.DecodeConfig(block_n=8, dot=False), dk.DecodeConfig(block_n=32, dot=False, warps=2),
+               dk.DecodeConfig(block_n=32, dot=True)]
+    for dtype in (torch.float32, torch.bfloat16):
+        for config in configs:
+            if config.dot and dtype == torch.bfloat16 and device == "cpu":
+                continue  # the interpreter's bfloat16 tl.dot is wrong
+            for i, (rows, lens, hq, hkv, page) in enumerate(CASES):
+                q, cache, table, kv_lens = random_case(rows, lens, hq, hkv, d, page, dtype, seed=i)
+                ref = reference(q, cache, table, kv_lens, d ** -0.5)
+                for splits in (1, 2, 8):
+                    ws = dk.DecodeWorkspace.allocate(rows, hkv, hq // hkv, d, splits,
+                                                     torch.device(device))
+                    for _ in range(2):
+                        got = dk.decode_attention(q.to(device), cache.to(device), table.to(device),
+                                                  kv_lens.to(device), d ** -0.5, ws, config)
+                        err = (got.float().cpu() - ref).abs().max().item()
+                        tol = 1e-5 if dtype == torch.float32 and not config.dot else 2e-2
+                        if dtype == torch.float32 and config.dot and device == "cuda":
+                            tol = 2e-2  # the tensor cores take float32 as TF32
+                        assert got.dtype == dtype and err < tol, (dtype, config, i, splits, err)
+                    assert not ws.counters.any()
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_interpreted() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "kernel"], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+def test_splits_for_fills_the_device() -> None:
+    dk = candidate()
+    splits_for, MAX_SPLITS = dk.splits_for, dk.MAX_SPLITS
+
+    assert splits_for(1, 8, 132) == MAX_SPLITS  # 8 programs would leave most SMs idle
+    assert splits_for(16, 8, 132) == 4  # 512 programs
+    assert splits_for(256, 8, 132) == 1
+    for rows in (1, 2, 3, 5, 64):
+        s = splits_for(rows, 8, 132)
+        assert s & (s - 1) == 0 and 1 <= s <= MAX_SPLITS
+
+
+def test_rejects_a_workspace_of_another_geometry() -> None:
+    dk = candidate()
+
+    q, cache, table, kv_lens = random_case(2, [3, 4], 4, 2, 16, 4, torch.float32, seed=0)
+    ws = dk.DecodeWorkspace.allocate(1, 2, 2, 16, 2, torch.device("cpu"))  # one row
+    with pytest.raises(ValueError, match="workspace"):
+        dk.decode_attention(q, cache, table, kv_lens, 0.25, ws)
+    with pytest.raises(ValueError, match="does not fit"):
+        dk.decode_attention(q[:, :3], cache, table, kv_lens, 0.25, ws)
+
+
+# ---- GPU tier ---------------------------------------------------------------------------------------------
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="CUDA + Triton")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_compiled() -> None:
+    """The interpreter's check with the kernel compiled (bfloat16 on the tensor cores too)."""
+    check_kernel("cuda")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_orpheus_geometry_in_a_cuda_graph() -> None:
+    """Orpheus 3B's geometry (24 query heads over 8, head dim 128, pages of 16, bfloat16) captured once per
+    bucket with the default configuration; replays after the rows' lengths and page tables change in place."""
+    dk = candidate()
+
+    gen = torch.Generator().manual_seed(7)
+    for rows in (1, 4, 16):
+        lens = torch.randint(1, 1500, (rows,), generator=gen).tolist()
+        q, cache, table, kv_lens = (t.cuda() for t in random_case(rows, [2048] * rows, 24, 8, 128, 16,
+                                                                    torch.bfloat16, seed=rows))
+        kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        ws = dk.DecodeWorkspace.allocate(rows, 8, 3, 128, dk.splits_for(rows, 8, 132), q.device)
+        dk.decode_attention(q, cache, table, kv_lens, 128 ** -0.5, ws)  # compiled outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = dk.decode_attention(q, cache, table, kv_lens, 128 ** -0.5, ws)
+        for trial in range(3):
+            if trial:
+                kv_lens.copy_(torch.randint(1, 2048, (rows,), generator=gen, dtype=torch.int32))
+                table.copy_(table[torch.randperm(rows, generator=gen).cuda()])
+            graph.replay()
+            ref = reference(q.cpu(), cache.cpu(), table.cpu(), kv_lens.cpu(), 128 ** -0.5)
+            err = (out.float().cpu() - ref).abs().max().item()
+            assert err < 2e-2, (rows, trial, err)
+        assert not ws.counters.any()
+
+
+if __name__ == "__main__":
+    globals()[f"check_{sys.argv[1]}"]()
+    print("ok")
