@@ -71,9 +71,9 @@ class DecodeConfig:
 DEFAULT_CONFIG = DecodeConfig()
 
 
-def splits_for(rows: int, num_kv_heads: int, num_sms: int) -> int:
-    """Splits per (row, KV head) for a bucket of `rows`: a power of two near PROGRAMS_PER_SM programs per SM."""
-    want = max(1, -(-PROGRAMS_PER_SM * num_sms // (rows * num_kv_heads)))
+def splits_for(rows: int, num_kv_heads: int, num_sms: int, per_sm: int = PROGRAMS_PER_SM) -> int:
+    """Splits per (row, KV head) for a bucket of `rows`: a power of two near `per_sm` programs per SM."""
+    want = max(1, -(-per_sm * num_sms // (rows * num_kv_heads)))
     return min(MAX_SPLITS, 1 << (want - 1).bit_length())
 
 
@@ -244,7 +244,7 @@ def flashinfer_decode(tensor_cores: bool, rows: int, table: torch.Tensor, kv_len
     return wrapper
 
 
-def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig) -> dict[str, float]:
+def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: int) -> dict[str, float]:
     layers, hq, hkv = GEOMETRIES[geometry]
     dev = torch.device("cuda")
     pages = -(-kv_len // PAGE)
@@ -254,7 +254,7 @@ def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig) -> dict[st
     kv_lens = torch.full((rows,), kv_len, dtype=torch.int32, device=dev)
     q = torch.randn(rows, hq, DIM, device=dev, dtype=torch.bfloat16)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    ws = DecodeWorkspace.allocate(rows, hkv, hq // hkv, DIM, splits_for(rows, hkv, sms), dev)
+    ws = DecodeWorkspace.allocate(rows, hkv, hq // hkv, DIM, splits_for(rows, hkv, sms, per_sm), dev)
     out: dict[str, float] = {}
     layer = iter(range(1 << 30))
 
@@ -279,6 +279,7 @@ def main() -> None:
     parser.add_argument("--block-n", type=int, default=DEFAULT_CONFIG.block_n)
     parser.add_argument("--warps", type=int, default=DEFAULT_CONFIG.warps)
     parser.add_argument("--stages", type=int, default=DEFAULT_CONFIG.stages)
+    parser.add_argument("--programs-per-sm", type=int, default=PROGRAMS_PER_SM, help="sets the split counts")
     args = parser.parse_args()
     config = DecodeConfig(block_n=args.block_n, warps=args.warps, stages=args.stages)
     print(f"config {config}, splits per bucket at {torch.cuda.get_device_properties(0).multi_processor_count} SMs")
@@ -287,7 +288,7 @@ def main() -> None:
             for rows in map(int, args.rows.split(",")):
                 if rows * kv_len > MAX_TOKENS:
                     continue
-                r = case(geometry, rows, kv_len, config)
+                r = case(geometry, rows, kv_len, config, args.programs_per_sm)
                 best = min(r["flashinfer"], r["flashinfer_tc"])
                 print(f"{geometry:8s} kv {kv_len:5d} rows {rows:3d}: triton {r['triton']:7.2f} us, flashinfer "
                       f"{r['flashinfer']:7.2f} us, tensor cores {r['flashinfer_tc']:7.2f} us "

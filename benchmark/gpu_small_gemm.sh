@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: rt.small_gemm measured against the unfused ops on this GPU (its table written to
 # $OUT/small_gemm_table.json), the GPU tier of the kernels with that table (rt.small_gemm, rt.slot_head, the
-# Rust sampler), then (KERNEL_BENCH=1) the sampler's and the slot head's launch times, then (PROFILE=1) the
+# Rust sampler), then (KERNEL_BENCH=1) the sampler's and the slot head's launch times, (ATTENTION_BENCH=1) the
+# decode-attention candidate's GPU tests and its times against FlashInfer (ATTENTION_ARGS), then (PROFILE=1) the
 # decode stages of Orpheus-3B and Qwen3-TTS-1.7B with the table and, from TREE_BEFORE (default .before), without.
 # Usage (repo root): bash benchmark/gpu_small_gemm.sh
 set -uo pipefail
@@ -20,6 +21,12 @@ fi
 if [ "${KERNEL_BENCH:-0}" = 1 ]; then
   timeout "${BENCH_TIMEOUT:-300}" python3 benchmark/sampler.py --out "$OUT/sampler.json" ${SAMPLER_ARGS:-} 2>&1 | tee "$OUT/sampler.txt"
   timeout 120 python3 tests/test_slot_head.py bench 2>&1 | tee "$OUT/slot_head.txt"
+fi
+if [ "${ATTENTION_BENCH:-0}" = 1 ]; then
+  timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_decode_attention.py 2>&1 | tail -5 \
+    | tee "$OUT/decode_attention_tests.txt"
+  timeout "${BENCH_TIMEOUT:-300}" python3 benchmark/decode_attention.py ${ATTENTION_ARGS:-} 2>&1 \
+    | grep -vi warn | tee "$OUT/decode_attention.txt"
 fi
 profile() {  # TAG TREE: the decode stages of both models from TREE
   for model in ${MODELS:-qwen3-tts orpheus}; do
