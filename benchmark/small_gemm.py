@@ -10,7 +10,8 @@ out (and records) a configuration that crashes Triton's compiler.
 
 Each time is a CUDA-graph replay of launches cycling over enough copies of the weight that they come from HBM,
 not the L2 (as in a model, where every layer's weights differ); the unfused side is what the decoder layers run
-without the table: `add_rms_norm` + cuBLAS (+ `silu_mul`).
+without the table: `add_rms_norm` + cuBLAS (+ `silu_mul`); for the gated-input kind (the down projection with
+the gate of an unfused gate/up projection), `silu_mul` + cuBLAS.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class Shape:
 def decoder_shapes(model: str, hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int) -> list[Shape]:
     qkv = (heads + 2 * kv_heads) * head_dim
     return [Shape(model, "qkv", Kind.NORM, qkv, hidden), Shape(model, "o", Kind.PLAIN, hidden, heads * head_dim),
-            Shape(model, "gate_up", Kind.GATED, inter, hidden), Shape(model, "down", Kind.PLAIN, hidden, inter)]
+            Shape(model, "gate_up", Kind.GATED, inter, hidden), Shape(model, "down", Kind.PLAIN, hidden, inter),
+            Shape(model, "gate+down", Kind.GATED_IN, hidden, inter)]  # down with the gate (gate_up unfused)
 
 
 MODELS = {
@@ -88,9 +90,12 @@ def candidates(shape: Shape, m: int) -> list[BlockConfig]:
 
 
 class Case:
-    """One shape at m rows: weight copies, the inputs, and the two ways of computing it."""
+    """One shape at m rows: weight copies, the inputs, and the two ways of computing it. The gated-input kind's
+    unfused side runs its down projection as the table would without it: `plain`, the configuration that won for
+    the plain shape, or cuBLAS."""
 
-    def __init__(self, shape: Shape, m: int) -> None:
+    def __init__(self, shape: Shape, m: int, plain: BlockConfig | None = None) -> None:
+        self.plain = plain
         rows = 2 * shape.n if shape.kind is Kind.GATED else shape.n
         bytes_per = rows * shape.k * 2
         copies = max(2, min(64, math.ceil(L2_BYTES / bytes_per)))
@@ -98,7 +103,8 @@ class Case:
         self.shape, self.m = shape, m
         self.weights = [torch.randn(rows, shape.k, device="cuda", generator=gen, dtype=torch.bfloat16) / 32
                         for _ in range(copies)]
-        self.x = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        width = 2 * shape.k if shape.kind is Kind.GATED_IN else shape.k  # the gated input: gate and up
+        self.x = torch.randn(m, width, device="cuda", dtype=torch.bfloat16, generator=gen)
         self.delta = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16, generator=gen)
         self.norm = SimpleNamespace(weight=torch.rand(shape.k, device="cuda", generator=gen).to(torch.bfloat16) + 0.5,
                                     eps=1e-6)
@@ -106,6 +112,15 @@ class Case:
     def unfused(self, w: torch.Tensor) -> torch.Tensor:
         if self.shape.kind is Kind.PLAIN:
             return F.linear(self.x, w)
+        if self.shape.kind is Kind.GATED_IN:
+            gated = triton_ops.silu_mul(self.x)
+            if self.plain is None:
+                return F.linear(gated, w)
+            small_gemm.forced = lambda kind, m, n, k: self.plain
+            try:
+                return small_gemm.linear(gated, w)
+            finally:
+                small_gemm.forced = None
         _, h = triton_ops.add_rms_norm(self.x, self.delta, self.norm.weight, self.norm.eps)
         y = F.linear(h, w)
         return triton_ops.silu_mul(y) if self.shape.kind is Kind.GATED else y
@@ -113,6 +128,8 @@ class Case:
     def fused(self, w: torch.Tensor) -> torch.Tensor:
         if self.shape.kind is Kind.PLAIN:
             return small_gemm.linear(self.x, w)
+        if self.shape.kind is Kind.GATED_IN:
+            return small_gemm.gated_linear(self.x, w)
         fn = small_gemm.norm_gated if self.shape.kind is Kind.GATED else small_gemm.norm_linear
         return fn(self.x, self.delta, self.norm, w)[1]
 
@@ -211,6 +228,11 @@ def measure(case: Case, crashed: set[str]) -> dict:
             "floor_us": weight_bytes / 4.8e12 * 1e6, "tried": tried}
 
 
+def won(result: dict, min_speedup: float) -> bool:
+    """Whether a measured shape gets a table entry: fast enough over the unfused ops, and right."""
+    return result["speedup"] >= min_speedup and result["best"]["err"] < 0.05
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, help="every measurement (JSON)")
@@ -237,15 +259,18 @@ def main() -> None:
     if args.compile_jobs > 0:
         crashed = compile_in_parallel(args, args.compile_jobs, args.out.with_suffix(".crashed.txt"))
     results = []
+    plain_won: dict[tuple[str, int, int, int], BlockConfig] = {}  # (model, n, k, rows) of the plain entries
     for shape, m in cases:
-        r = measure(Case(shape, m), crashed)
+        r = measure(Case(shape, m, plain_won.get((shape.model, shape.n, shape.k, m))), crashed)
         results.append(r)
+        if shape.kind is Kind.PLAIN and won(r, args.min_speedup):
+            plain_won[(shape.model, shape.n, shape.k, m)] = BlockConfig.of_list(r["best"]["config"])
         print(f"{r['model']:18s} {r['name']:8s} {r['kind']:5s} N={r['n']:5d} K={r['k']:5d} m={m:2d}: "
               f"unfused {r['unfused_us']:7.2f} us, fused {r['best']['us']:7.2f} us {r['best']['config']} "
               f"(x{r['speedup']:.2f}, floor {r['floor_us']:.2f} us, err {r['best']['err']:.1e})", flush=True)
     entries = {}
     for r in results:
-        if r["speedup"] >= args.min_speedup and r["best"]["err"] < 0.05:
+        if won(r, args.min_speedup):
             key = (r["kind"], "bfloat16", small_gemm.rows_bucket(r["rows"]), r["n"], r["k"])
             entries[key] = {"kind": r["kind"], "dtype": "bfloat16", "rows": key[2], "n": r["n"], "k": r["k"],
                             "config": r["best"]["config"]}

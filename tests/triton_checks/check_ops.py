@@ -183,9 +183,12 @@ def check_decoder_stack() -> None:
     for kind in ("paged", "depth"):
         for qk_norm in (False, True):
             ref = stack_outputs(kind, qk_norm, torch.float32, "cpu")
-            for config in configs:  # the projections unfused, then through rt.small_gemm's two paths
+            # the projections unfused, then through rt.small_gemm's two paths, then with the gate/up projection
+            # unfused (its gate in the down projection's kernel)
+            for config, skip in (*((c, None) for c in configs), (configs[1], small_gemm.Kind.GATED)):
                 enabled, triton_ops.enabled = triton_ops.enabled, lambda t: True
-                small_gemm.forced = None if config is None else (lambda kind, m, n, k, c=config: c)
+                small_gemm.forced = None if config is None else (
+                    lambda kind, m, n, k, c=config, skip=skip: None if kind is skip else c)
                 try:
                     got = stack_outputs(kind, qk_norm, torch.float32, "cpu")
                 finally:
@@ -198,8 +201,12 @@ def _small_gemm_reference(kind: "small_gemm.Kind", x: torch.Tensor, delta: torch
                           w: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The unfused ops, rounded as they are: the sum, the normed rows, the projections, then the gate."""
     total = x if delta is None else (x.float() + delta.float()).to(x.dtype)
-    if kind is small_gemm.Kind.PLAIN:
-        y = total.float() @ w.float().t() + (0 if bias is None else bias.float())
+    if kind in (small_gemm.Kind.PLAIN, small_gemm.Kind.GATED_IN):
+        a = total
+        if kind is small_gemm.Kind.GATED_IN:  # the gate first, rounded as silu_mul's output
+            gate, up = x.float().chunk(2, dim=-1)
+            a = (torch.nn.functional.silu(gate) * up).to(x.dtype)
+        y = a.float() @ w.float().t() + (0 if bias is None else bias.float())
         return total, y.to(x.dtype)
     s = total.float()
     h = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_w.float()).to(x.dtype)
@@ -211,7 +218,8 @@ def _small_gemm_reference(kind: "small_gemm.Kind", x: torch.Tensor, delta: torch
 
 
 def check_small_gemm(device: str = "cpu") -> None:
-    """Every kind (plain with and without bias, norm and gated with and without the residual delta), on the
+    """Every kind (plain and gated-input with and without bias, norm and gated with and without the residual
+    delta), on the
     FMA and the tensor-core paths, their K loops pipelined or unrolled, rows 1..16, N and K not multiples of the
     blocks, float32 and bfloat16 (also run on a GPU by tests/test_gpu_kernels.py); the reference on the CPU."""
     from types import SimpleNamespace
@@ -228,15 +236,18 @@ def check_small_gemm(device: str = "cpu") -> None:
                 for kind in small_gemm.Kind:
                     for with_extra in (False, True):
                         n, k = 40, 100
-                        x = torch.randn(m, k, generator=gen).to(dtype)
-                        extra = torch.randn(m if kind is not small_gemm.Kind.PLAIN else n, k, generator=gen)
+                        plain = kind in (small_gemm.Kind.PLAIN, small_gemm.Kind.GATED_IN)
+                        width = 2 * k if kind is small_gemm.Kind.GATED_IN else k  # its input: gate and up
+                        x = (torch.randn(m, width, generator=gen) * (2 if width > k else 1)).to(dtype)
+                        extra = torch.randn(n if plain else m, k, generator=gen)
                         w = (torch.randn(2 * n if kind is small_gemm.Kind.GATED else n, k, generator=gen) / 8).to(dtype)
                         norm = SimpleNamespace(weight=(torch.rand(k, generator=gen) + 0.5).to(dtype), eps=1e-6)
                         dev = SimpleNamespace(weight=norm.weight.to(device), eps=norm.eps)
-                        if kind is small_gemm.Kind.PLAIN:
+                        if plain:
                             bias = extra[0, :n].to(dtype) if with_extra else None
                             bias_dev = None if bias is None else bias.to(device)
-                            got = small_gemm.linear(x.to(device), w.to(device), bias_dev)
+                            fn = small_gemm.gated_linear if kind is small_gemm.Kind.GATED_IN else small_gemm.linear
+                            got = fn(x.to(device), w.to(device), bias_dev)
                             total = x
                             ref = _small_gemm_reference(kind, x, None, norm.weight, w, bias)
                         else:

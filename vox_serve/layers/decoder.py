@@ -108,8 +108,7 @@ class DecoderLayer(nn.Module):
         norms = dict(q_norm=self.q_norm, k_norm=self.k_norm) if self.qk_norm else {}
         prep = QKPrep(rope=rope, positions=positions, **norms)
         out = attend(self.layer_id, q.view(t, self.num_heads, self.head_dim), k.view(shape), v.view(shape), prep)
-        x, gated = self._mlp_input(x, project(self.o_proj, out.reshape(t, -1)))
-        return x, project(self.down_proj, gated)
+        return self._mlp(x, project(self.o_proj, out.reshape(t, -1)))
 
     def _attention_input(self, x: Tensor, delta: Tensor | None) -> tuple[Tensor, Tensor]:
         """(stream, qkv): the residual add, the input norm and the qkv projection (one kernel at a few rows)."""
@@ -120,17 +119,22 @@ class DecoderLayer(nn.Module):
         x, h = norm.add_norm(x, delta) if delta is not None else (x, norm(x))
         return x, self.qkv_proj(h)
 
-    def _mlp_input(self, x: Tensor, attn_out: Tensor) -> tuple[Tensor, Tensor]:
-        """(stream, silu(gate) * up): the residual add, the norm and the gate/up projection with its gate."""
+    def _mlp(self, x: Tensor, attn_out: Tensor) -> tuple[Tensor, Tensor]:
+        """(stream, MLP output): the residual add and the norm, the gate/up projection with its gate folded into
+        it or into the down projection where a small-rows kernel is measured for the shape, then the down one."""
         norm = self.post_attention_layernorm
         fused = small_gemm.norm_gated(x, attn_out, norm, self.gate_up_proj.weight)
         if fused is not None:
-            return fused
+            return fused[0], project(self.down_proj, fused[1])
         x, h = norm.add_norm(x, attn_out)
+        gate_up = self.gate_up_proj(h)
+        down = small_gemm.gated_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
+        if down is not None:
+            return x, down
         if triton_ops.enabled(x):  # the SwiGLU gate: one kernel
-            return x, triton_ops.silu_mul(self.gate_up_proj(h))
-        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
-        return x, F.silu(gate) * up
+            return x, project(self.down_proj, triton_ops.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return x, project(self.down_proj, F.silu(gate) * up)
 
 
 def project(linear: nn.Linear, x: Tensor) -> Tensor:

@@ -12,7 +12,9 @@ blocks: the input rows (M <= 16) are re-read by every block, the weight once.
   in the same pass over K as the weight (each block sums the rows' squares and scales its dot products by
   1 / rms, a per-row factor, at the end; block 0 writes the sum);
 - `norm_gated(x, delta, norm, W)`: the same with W the fused gate/up weight [2I, K], returning
-  silu(gate) * up [M, I]: both halves' columns in the same block.
+  silu(gate) * up [M, I]: both halves' columns in the same block;
+- `gated_linear(gate_up, W)`: (silu(gate) * up) @ W.T for a gate/up projection's output [M, 2K]: the SwiGLU
+  gate computed as the down projection loads its input (where the gate/up projection itself stays cuBLAS's).
 
 Rounding follows the unfused ops where the one pass allows: the sum x + delta is rounded to the input dtype, the
 gate and up projections are rounded before the gate. The normed rows are not rounded as RMSNorm's output would
@@ -59,6 +61,7 @@ class Kind(enum.Enum):
     PLAIN = "plain"  # x @ W.T (+ bias)
     NORM = "norm"  # RMSNorm(x (+ delta)) @ W.T
     GATED = "gated"  # silu(gate) * up of RMSNorm(x (+ delta)) @ [Wg; Wu].T
+    GATED_IN = "gated_in"  # (silu(gate) * up) @ W.T of a gate/up output [M, 2K]
 
 
 @dataclass(frozen=True)
@@ -126,8 +129,10 @@ def _table(device_index: int) -> dict[Key, BlockConfig]:
 
 
 def _config(x: Tensor, weight: Tensor, kind: Kind, n: int) -> BlockConfig | None:
-    m, k = x.shape if x.dim() == 2 else (MAX_ROWS + 1, 0)
-    if m == 0 or m > MAX_ROWS or weight.shape[-1] != k or not weight.is_contiguous():
+    m, width = x.shape if x.dim() == 2 else (MAX_ROWS + 1, 0)
+    k = width // 2 if kind is Kind.GATED_IN else width  # the gated input: gate and up halves of K each
+    odd_gated = kind is Kind.GATED_IN and width % 2 == 1
+    if m == 0 or m > MAX_ROWS or weight.shape[-1] != k or odd_gated or not weight.is_contiguous():
         return None
     if forced is not None:
         return forced(kind, m, n, k) if triton is not None else None
@@ -143,6 +148,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor | No
     if config is None:
         return None
     return _launch(config, x.contiguous(), None, None, weight, bias, n=weight.shape[0], gated=False, eps=0.0)[1]
+
+
+def gated_linear(gate_up: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor | None:
+    """(silu(gate) * up) @ weight [N, K].T (+ bias) for gate_up [M, 2K] (gate, then up), the gate rounded to the
+    input dtype as `triton_ops.silu_mul`'s output is; None where no measured kernel serves the shape."""
+    config = _config(gate_up, weight, Kind.GATED_IN, weight.shape[0])
+    if config is None:
+        return None
+    return _launch(config, gate_up.contiguous(), None, None, weight, bias, n=weight.shape[0], gated=False,
+                   eps=0.0, gated_in=True)[1]
 
 
 def norm_linear(x: Tensor, delta: Tensor | None, norm: Norm, weight: Tensor) -> tuple[Tensor, Tensor] | None:
@@ -164,8 +179,9 @@ def norm_gated(x: Tensor, delta: Tensor | None, norm: Norm, weight: Tensor) -> t
 
 
 def _launch(config: BlockConfig, x: Tensor, delta: Tensor | None, norm_weight: Tensor | None, weight: Tensor,
-            bias: Tensor | None, *, n: int, gated: bool, eps: float) -> tuple[Tensor, Tensor]:
-    m, k = x.shape
+            bias: Tensor | None, *, n: int, gated: bool, eps: float,
+            gated_in: bool = False) -> tuple[Tensor, Tensor]:
+    m, k = x.shape[0], weight.shape[1]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     total = torch.empty_like(x) if delta is not None else x
     delta = delta.contiguous() if delta is not None else x
@@ -173,7 +189,7 @@ def _launch(config: BlockConfig, x: Tensor, delta: Tensor | None, norm_weight: T
     grid = (triton.cdiv(n, config.block_n),)
     _small_linear_kernel[grid](
         x, delta, norm_weight if norm_weight is not None else x, total, weight, bias if bias is not None else x,
-        out, m, n, eps, K=k, HAS_DELTA=total is not x, NORM=norm_weight is not None, GATED=gated,
+        out, m, n, eps, K=k, HAS_DELTA=total is not x, NORM=norm_weight is not None, GATED=gated, GATED_IN=gated_in,
         HAS_BIAS=bias is not None, DOT=config.dot, UNROLL=config.unroll, BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, num_warps=config.warps, num_stages=config.stages)
     return total, out
@@ -182,8 +198,14 @@ def _launch(config: BlockConfig, x: Tensor, delta: Tensor | None, norm_weight: T
 if triton is not None:
 
     @triton.jit
-    def _rows(x_ptr, d_ptr, rm, rk, mask, K, HAS_DELTA: tl.constexpr):
-        """The input rows' [BLOCK_M, BLOCK_K] block in float32, x + delta rounded to x's dtype."""
+    def _rows(x_ptr, d_ptr, rm, rk, mask, K, HAS_DELTA: tl.constexpr, GATED_IN: tl.constexpr):
+        """The input rows' [BLOCK_M, BLOCK_K] block in float32: x + delta rounded to x's dtype, or (GATED_IN, x
+        [M, 2K]) silu(gate) * up rounded to it."""
+        if GATED_IN:
+            offs = rm[:, None] * (2 * K) + rk[None, :]
+            gate = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            up = tl.load(x_ptr + offs + K, mask=mask, other=0.0).to(tl.float32)
+            return (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
         offs = rm[:, None] * K + rk[None, :]
         a = tl.load(x_ptr + offs, mask=mask, other=0.0)
         if HAS_DELTA:
@@ -204,7 +226,7 @@ if triton is not None:
     @triton.jit
     def _k_step(k0, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, rm, m_mask, write_rows, rn, n_mask, acc, acc_up, squares, N,
                 K: tl.constexpr, HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                DOT: tl.constexpr, BLOCK_K: tl.constexpr):
+                GATED_IN: tl.constexpr, DOT: tl.constexpr, BLOCK_K: tl.constexpr):
         """One K block: the weight rows loaded first, then the input rows (their squares summed for the norm, the
         sum written by block 0), scaled by the norm's weight; 1 / rms is a per-row factor applied after the loop."""
         rk = k0 + tl.arange(0, BLOCK_K)
@@ -213,7 +235,7 @@ if triton is not None:
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=w_mask, other=0.0)
         if GATED:
             w_up = tl.load(w_ptr + (rn + N)[:, None] * K + rk[None, :], mask=w_mask, other=0.0)
-        a = _rows(x_ptr, d_ptr, rm, rk, m_mask[:, None] & k_mask[None, :], K, HAS_DELTA)
+        a = _rows(x_ptr, d_ptr, rm, rk, m_mask[:, None] & k_mask[None, :], K, HAS_DELTA, GATED_IN)
         if NORM:
             squares += a * a
             if HAS_DELTA:
@@ -232,7 +254,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["m", "eps"])
     def _small_linear_kernel(x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, eps, K: tl.constexpr,
                              HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                             HAS_BIAS: tl.constexpr, DOT: tl.constexpr, UNROLL: tl.constexpr,
+                             GATED_IN: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, UNROLL: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid = tl.program_id(0)
         rm = tl.arange(0, BLOCK_M)
@@ -250,13 +272,13 @@ if triton is not None:
         if UNROLL:
             for k0 in tl.static_range(0, K, BLOCK_K):
                 acc, acc_up, squares = _k_step(k0, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, rm, m_mask, write_rows, rn,
-                                               n_mask, acc, acc_up, squares, N, K, HAS_DELTA, NORM, GATED, DOT,
-                                               BLOCK_K)
+                                               n_mask, acc, acc_up, squares, N, K, HAS_DELTA, NORM, GATED,
+                                               GATED_IN, DOT, BLOCK_K)
         else:
             for k0 in range(0, K, BLOCK_K):
                 acc, acc_up, squares = _k_step(k0, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, rm, m_mask, write_rows, rn,
-                                               n_mask, acc, acc_up, squares, N, K, HAS_DELTA, NORM, GATED, DOT,
-                                               BLOCK_K)
+                                               n_mask, acc, acc_up, squares, N, K, HAS_DELTA, NORM, GATED,
+                                               GATED_IN, DOT, BLOCK_K)
         if not DOT:
             acc = tl.sum(acc, axis=2)
             acc_up = tl.sum(acc_up, axis=2)
