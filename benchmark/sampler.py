@@ -1,13 +1,13 @@
 """Device time of one sampling launch: the Rust CUDA kernel (rust_ops.sample) against the Triton sampler
 (triton_ops.sample, where the vocabulary fits) and the PyTorch reference (rt.kernels.sample_unfused).
 
-    python benchmark/sampler.py [--rows 1,16,64,256] [--vocabs 2048,3072,4097,8192] [--out FILE]
+    python benchmark/sampler.py [--rows 1,16,64,256] [--vocabs 2048,3072,4097,8192] [--logits ties] [--out FILE]
 
 Each case is captured as a CUDA graph of `--reps` launches and replayed; reported: microseconds per launch.
 Parameter sets (every row alike but for its seed): the serving defaults of the models (Orpheus: temperature
 0.6, top-p 0.8, repetition penalty 1.1 over a 64-token history; Qwen3-TTS: temperature 0.9, top-k 50), greedy,
-top-k alone, top-p alone and top-k with top-p. Logits are seeded Gaussian noise scaled by 3 (a peaked
-distribution, as a trained head gives).
+top-k alone, top-p alone and top-k with top-p. Logits (`--logits`): seeded Gaussian noise scaled by 3 (a peaked
+distribution, as a trained head gives; the default), all equal, or noise with a third of the ids at -inf.
 """
 
 from __future__ import annotations
@@ -58,10 +58,24 @@ def graph_us(fn: Callable[[], object], reps: int) -> float:
     return start.elapsed_time(end) * 1000.0 / (5 * reps)
 
 
-def case(rows: int, vocab: int, spec: dict[str, float]) -> dict[str, Callable[[], object]]:
+def _masked(gen: torch.Generator, rows: int, vocab: int) -> torch.Tensor:
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    return logits.masked_fill(torch.rand(rows, vocab, generator=gen) < 1 / 3, float("-inf"))
+
+
+# Logit distributions: peaked noise (a trained head), every logit equal (what --load-format dummy's heads
+# give: the radix select's bins then hold every key), a third of the ids masked to -inf (constrained heads).
+LOGITS: dict[str, Callable[[torch.Generator, int, int], torch.Tensor]] = {
+    "noise": lambda gen, rows, vocab: torch.randn(rows, vocab, generator=gen) * 3,
+    "ties": lambda gen, rows, vocab: torch.zeros(rows, vocab),
+    "masked": _masked,
+}
+
+
+def case(rows: int, vocab: int, spec: dict[str, float], dist: str = "noise") -> dict[str, Callable[[], object]]:
     """The samplers on one batch, each a no-argument call."""
     gen = torch.Generator().manual_seed(rows * 10007 + vocab)
-    logits = (torch.randn(rows, vocab, generator=gen) * 3).cuda()
+    logits = LOGITS[dist](gen, rows, vocab).cuda()
     p = kernels.SamplingTensors.filled(rows, device="cuda", **spec)
     p.seed.copy_(torch.randint(0, 2**40, (rows,), generator=gen))
     history = torch.randint(0, vocab, (rows, HISTORY), generator=gen).cuda() if "repetition_penalty" in spec else None
@@ -82,6 +96,7 @@ def main() -> None:
     ap.add_argument("--vocabs", default="2048,3072,4097,8192")
     ap.add_argument("--params", default=",".join(PARAMS), help=f"comma-separated, of {sorted(PARAMS)}")
     ap.add_argument("--reps", type=int, default=20, help="launches per captured graph")
+    ap.add_argument("--logits", default="noise", choices=sorted(LOGITS), help="the logits' distribution")
     ap.add_argument("--out", type=Path, help="also write the figures as JSON")
     args = ap.parse_args()
     if not (torch.cuda.is_available() and rust_ops.available()):
@@ -92,8 +107,8 @@ def main() -> None:
     for name in args.params.split(","):
         for vocab in (int(v) for v in args.vocabs.split(",")):
             for rows in (int(r) for r in args.rows.split(",")):
-                us = {k: graph_us(fn, args.reps) for k, fn in case(rows, vocab, PARAMS[name]).items()}
-                results.append({"params": name, "rows": rows, "vocab": vocab, "us": us})
+                us = {k: graph_us(fn, args.reps) for k, fn in case(rows, vocab, PARAMS[name], args.logits).items()}
+                results.append({"params": name, "logits": args.logits, "rows": rows, "vocab": vocab, "us": us})
                 cells = " ".join(f"{us[k]:9.2f}" if k in us else f"{'-':>9}" for k in ("rust", "triton", "torch"))
                 print(f"{name:<20} {rows:>5} {vocab:>6} {cells}", flush=True)
     if args.out:
