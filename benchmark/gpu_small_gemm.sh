@@ -2,7 +2,8 @@
 # One device call: rt.small_gemm measured against the unfused ops on this GPU (its table written to
 # $OUT/small_gemm_table.json), the GPU tier of the kernels with that table (rt.small_gemm, rt.slot_head, the
 # Rust sampler), then (KERNEL_BENCH=1) the sampler's and the slot head's launch times, (ATTENTION_BENCH=1) the
-# decode-attention candidate's GPU tests and its times against FlashInfer (ATTENTION_ARGS), then (PROFILE=1) the
+# decode-attention candidate's GPU tests and its times against FlashInfer (ATTENTION_ARGS), then (PROFILE=1, and
+# DEPTH_AB=1 for Qwen3-TTS with VOX_DEPTH_ATTENTION=1 as well) the
 # decode stages of Orpheus-3B and Qwen3-TTS-1.7B with the table and, from TREE_BEFORE (default .before), without.
 # Usage (repo root): bash benchmark/gpu_small_gemm.sh
 set -uo pipefail
@@ -39,6 +40,8 @@ profile() {  # TAG TREE: the decode stages of both models from TREE
 }
 if [ "${PROFILE:-0}" = 1 ]; then
   profile after .
+  # DEPTH_AB=1: Qwen3-TTS's frame again with the depth transformer's one-kernel attention (rt/depth_attention.py)
+  [ "${DEPTH_AB:-0}" = 1 ] && VOX_DEPTH_ATTENTION=1 MODELS=qwen3-tts profile depth_attention .
   [ -d "${TREE_BEFORE:-.before}" ] && VOX_SMALL_GEMM=0 profile before "${TREE_BEFORE:-.before}"
 fi
 true

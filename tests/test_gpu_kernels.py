@@ -7,7 +7,7 @@ import pytest
 import torch
 from decoder_stack_helpers import relative_errors, stack_outputs
 from sampling_helpers import random_case, to_cuda
-from triton_checks.check_ops import check_small_gemm
+from triton_checks.check_ops import check_depth_attention, check_small_gemm
 
 from vox_serve.layers.rope import RotaryEmbedding
 from vox_serve.rt import codec_kernels, kernels, small_gemm, triton_ops
@@ -162,6 +162,12 @@ def test_decoder_stack_with_triton_equals_the_reference_path(kind: str, qk_norm:
     ref = stack_outputs(kind, qk_norm, dtype, "cuda")
     errors = relative_errors(fused, ref)
     assert max(errors) < (1e-4 if dtype == torch.float32 else 3e-2), errors
+
+
+def test_depth_attention_matches_the_reference() -> None:
+    """rt.depth_attention compiled (float32 and bfloat16) against rope_write_kv and attention in float32, as the
+    interpreter check does."""
+    check_depth_attention("cuda")
 
 
 def test_small_row_projections_match_the_reference() -> None:

@@ -174,10 +174,71 @@ def _check_kv_write_only(dtype: torch.dtype) -> None:
     assert torch.equal(cache[1:], ref[1:]), "k and v at their slots, nothing else written"
 
 
+def check_depth_attention(device: str = "cpu") -> None:
+    """rt.depth_attention (a depth transformer's q/k preparation, cache write and attention in one kernel)
+    against the PyTorch path: q/k prepared with and without per-head norms, written at each row's positions of a
+    static cache whose other positions hold stale values, causal attention over the row's positions; one and
+    two new positions per row, 1 and 3 rows, GQA groups 2 and 4 and none; float32 and bf16 (also run on a GPU by
+    tests/test_gpu_kernels.py, the reference there too)."""
+    from vox_serve.rt import depth_attention
+
+    depth_attention.forced = True
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            for i, (qk_norm, rows, n, start, hq, hkv) in enumerate(
+                    ((True, 1, 2, 0, 4, 2), (True, 3, 1, 5, 4, 2), (False, 3, 2, 0, 8, 2), (False, 2, 1, 16, 2, 2))):
+                _check_depth_attention(dtype, qk_norm, rows, n, start, hq, hkv, seed=i, device=device)
+    finally:
+        depth_attention.forced = False
+
+
+def _check_depth_attention(dtype: torch.dtype, qk_norm: bool, rows: int, n: int, start: int, hq: int, hkv: int,
+                           seed: int, device: str) -> None:
+    from vox_serve.rt import depth_attention
+
+    dim, num_positions, max_rows = 16, 17, 4
+    gen = torch.Generator().manual_seed(seed)
+    tokens = rows * n
+    qkv = (torch.randn(tokens, (hq + 2 * hkv) * dim, generator=gen) * 2).to(dtype).to(device)
+    q = qkv[:, : hq * dim].view(tokens, hq, dim)
+    k = qkv[:, hq * dim : (hq + hkv) * dim].view(tokens, hkv, dim)
+    v = qkv[:, (hq + hkv) * dim :].view(tokens, hkv, dim)
+    rope = RotaryEmbedding(dim, num_positions, {"rope_type": "default", "rope_theta": 10000.0}).to(device)
+    positions = (start + torch.arange(n)).repeat(rows).to(device)
+    norms = (torch.rand(dim, generator=gen).to(device) + 0.5, torch.rand(dim, generator=gen).to(device) + 0.5) \
+        if qk_norm else None
+    # stale values and this frame's earlier positions
+    k_cache = torch.randn(max_rows, num_positions, hkv, dim, generator=gen).to(dtype).to(device)
+    v_cache = torch.randn(max_rows, num_positions, hkv, dim, generator=gen).to(dtype).to(device)
+    ref_k_cache, ref_v_cache = k_cache.clone(), v_cache.clone()
+    args = dict(q_norm=norms[0].to(dtype), k_norm=norms[1].to(dtype), eps=1e-6) if qk_norm else {}
+    got = depth_attention.attend(q, k, v, k_cache, v_cache, positions, rows=rows, cos=rope.cos, sin=rope.sin, **args)
+    # The unfused GPU path's preparation and write (rope_write_kv, itself checked against PyTorch above): the
+    # same roundings, so the caches agree exactly and the attention within its summation order.
+    row = torch.arange(rows, device=device).repeat_interleave(n)
+    ref_q = triton_ops.rope_write_kv(q, k, v, ref_k_cache, ref_v_cache, row * num_positions + positions,
+                                     cos=rope.cos, sin=rope.sin, positions=positions, **args)
+    what = (dtype, qk_norm, rows, n, start, hq, hkv)
+    assert torch.equal(k_cache, ref_k_cache) and torch.equal(v_cache, ref_v_cache), what  # nothing else touched
+    if dtype == torch.float32:  # and against PyTorch's own preparation
+        _assert_close(ref_q, _reference_prep(q, k, rope, positions, norms)[0], f"q {what}")
+    group = hq // hkv
+    ref = torch.empty(tokens, hq, dim, device=device)
+    for t in range(tokens):
+        visible = int(positions[t]) + 1
+        keys = ref_k_cache[row[t], :visible].float().repeat_interleave(group, dim=1)  # [visible, Hq, D]
+        values = ref_v_cache[row[t], :visible].float().repeat_interleave(group, dim=1)
+        probs = torch.softmax(torch.einsum("hd,phd->hp", ref_q[t].float(), keys) * dim ** -0.5, dim=-1)
+        ref[t] = torch.einsum("hp,phd->hd", probs, values)
+    assert got is not None and got.shape == q.shape, what
+    _assert_close(got.cpu(), ref.to(dtype).cpu(), f"attention {what}")
+
+
 def check_decoder_stack() -> None:
     """The decoder layers with the fused kernels (run here by the interpreter) against the reference path: a paged
     stack (prefill, then decode with padded rows) and a depth transformer, with and without per-head q/k norms."""
     from tests.decoder_stack_helpers import relative_errors, stack_outputs
+    from vox_serve.rt import depth_attention
 
     configs = (None, small_gemm.BlockConfig(16, 32), small_gemm.BlockConfig(16, 32, dot=True))
     for kind in ("paged", "depth"):
@@ -189,10 +250,11 @@ def check_decoder_stack() -> None:
                 enabled, triton_ops.enabled = triton_ops.enabled, lambda t: True
                 small_gemm.forced = None if config is None else (
                     lambda kind, m, n, k, c=config, skip=skip: None if kind is skip else c)
+                depth_attention.forced = config is not None  # a depth step's attention in one kernel too
                 try:
                     got = stack_outputs(kind, qk_norm, torch.float32, "cpu")
                 finally:
-                    triton_ops.enabled, small_gemm.forced = enabled, None
+                    triton_ops.enabled, small_gemm.forced, depth_attention.forced = enabled, None, False
                 errors = relative_errors(got, ref)
                 assert max(errors) < 1e-5, (kind, qk_norm, config, errors)
 

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from vox_serve.layers.decoder import DecoderDims, DecoderLayer, RMSNorm, project, run_layers
 from vox_serve.layers.rope import RotaryEmbedding
-from vox_serve.rt import small_gemm
+from vox_serve.rt import depth_attention, small_gemm
 from vox_serve.rt.attention.kv_write import QKPrep, write_kv
 
 
@@ -90,6 +90,10 @@ class DepthTransformer(nn.Module):
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor, prep: QKPrep) -> Tensor:
             kc, vc = self.k_cache[layer], self.v_cache[layer]
+            args = prep.kernel_args()
+            fused = None if args is None else depth_attention.attend(q, k, v, kc, vc, rows=b, **args)
+            if fused is not None:  # the preparation, the cache write and the attention: one kernel
+                return fused
             q = write_kv(kc, vc, q, k, v, tables.slots, prep)
             qh = q.view(b, n, *q.shape[1:]).transpose(1, 2)  # [B, Hq, n, D]
             out = F.scaled_dot_product_attention(qh, kc[:b].transpose(1, 2), vc[:b].transpose(1, 2),
