@@ -62,7 +62,8 @@ class Talker(nn.Module):
         self.text_fc1 = nn.Linear(text_hidden_size, text_hidden_size, bias=True)
         self.text_fc2 = nn.Linear(text_hidden_size, cfg.hidden_size, bias=True)
         sizes = [cfg.vocab_size] + [predictor_vocab] * (num_code_groups - 1)
-        offsets = torch.tensor([sum(sizes[:g]) for g in range(num_code_groups)], dtype=torch.int64)
+        self.table_rows = [(sum(sizes[:g]), size) for g, size in enumerate(sizes)]  # (first row, rows) per group
+        offsets = torch.tensor([start for start, _ in self.table_rows], dtype=torch.int64)
         self.register_buffer("table_offsets", offsets, persistent=False)
         self.codec_tables = nn.Parameter(torch.empty(sum(sizes), cfg.hidden_size))
         self.layers = decoder_layers(cfg)
@@ -75,8 +76,10 @@ class Talker(nn.Module):
         return self.text_fc2(F.silu(self.text_fc1(self.text_embedding(text_ids))))
 
     def codec_embedding(self, group: int, ids: Tensor) -> Tensor:
-        """Embeddings of code group `group` (0: the talker's own table, control ids included)."""
-        return F.embedding(ids + self.table_offsets[group], self.codec_tables)
+        """Embeddings of code group `group` (0: the talker's own table, control ids included): a lookup in the
+        group's rows of the matrix (a view), with no offset added on the device."""
+        start, rows = self.table_rows[group]
+        return F.embedding(ids, self.codec_tables[start : start + rows])
 
     def embed(self, ids: Tensor, tts_pad_id: int) -> Tensor:
         """ids [T, G + 1] (codes of groups 0..G-1, then the text id; -1 = absent) -> [T, hidden].

@@ -113,6 +113,7 @@ class Qwen3TTSProgram(Program):
         vocab = talker.cfg.vocab_size
         # [vocab] bool: the audio codes, the group-0 candidates of every row (EOS is allowed per row)
         self.audio_ids = torch.arange(vocab, device=device) < vocab - NUM_CONTROL_IDS
+        self.group_index = torch.arange(self.num_groups, device=device)[:, None]  # [G, 1]
 
     def kv_geometry(self) -> tuple[int, int, int, int]:
         c = self.talker.cfg
@@ -187,31 +188,35 @@ class Qwen3TTSProgram(Program):
         attend = paged_attend(self.attention, b.attention)
         hidden = self.talker(b.ids, b.positions, attend, self.ids.tts_pad, b.prompt_vectors)
         last = hidden[b.logits_index]  # [n, hidden]
-        first = self._sample_group0(last, b)
-        frame = self._sample_rest(last, first, b)
+        # [G, n]: each group's RNG offsets, computed once for the frame (not two kernels per group)
+        offsets = b.gen_index * self.num_groups + self.group_index
+        first = self._sample_group0(last, b, offsets[0])
+        frame = self._sample_rest(last, first, b, offsets)
         kind = torch.where(first == self.ids.codec_eos, int(OutKind.STOP), int(OutKind.AUDIO))
         return LmSample(tokens=frame, codes=frame, kind=kind)
 
-    def _sampling(self, b: LmBatch, group: int) -> kernels.SamplingTensors:
+    def _sampling(self, b: LmBatch, offset: torch.Tensor) -> kernels.SamplingTensors:
         s = b.sampling
         return kernels.SamplingTensors(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
-                                       repetition_penalty=s.repetition_penalty, seed=s.seed,
-                                       offset=b.gen_index * self.num_groups + group)
+                                       repetition_penalty=s.repetition_penalty, seed=s.seed, offset=offset)
 
-    def _sample_group0(self, hidden: torch.Tensor, b: LmBatch) -> torch.Tensor:
+    def _sample_group0(self, hidden: torch.Tensor, b: LmBatch, offset: torch.Tensor) -> torch.Tensor:
         """hidden [n, H] -> group-0 codes [n] (or EOS)."""
         n = hidden.shape[0]
         logits = self.talker.codec_head(hidden).float()
         may_stop = b.allow_stop & (b.gen_index >= MIN_FRAMES_BEFORE_STOP)
         allowed = self.audio_ids.expand(n, -1).clone()
         allowed[:, self.ids.codec_eos] = may_stop
-        return kernels.sample(logits, self._sampling(b, 0), b.history, allowed)
+        return kernels.sample(logits, self._sampling(b, offset), b.history, allowed)
 
-    def _sample_rest(self, hidden: torch.Tensor, first: torch.Tensor, b: LmBatch) -> torch.Tensor:
+    def _sample_rest(self, hidden: torch.Tensor, first: torch.Tensor, b: LmBatch,
+                     offsets: torch.Tensor) -> torch.Tensor:
         """The code predictor: groups 1..G-1 after group 0; returns the frame [n, G]."""
         # No history: the reference's sub-talker samples without repetition penalty.
-        return self.predictor.sample_frame(hidden, first, self.talker.codec_embedding,
-                                           lambda logits, group: kernels.sample(logits, self._sampling(b, group)))
+        def sample(logits: torch.Tensor, group: int) -> torch.Tensor:
+            return kernels.sample(logits, self._sampling(b, offsets[group]))
+
+        return self.predictor.sample_frame(hidden, first, self.talker.codec_embedding, sample)
 
     # ---- codec ---------------------------------------------------------------------------
     def decode_audio(self, window: CodecWindow, frames: int) -> torch.Tensor:
