@@ -318,6 +318,9 @@ def check_small_gemm(device: str = "cpu") -> None:
                             delta_dev = None if delta is None else delta.to(device)
                             total, got = fn(x.to(device), delta_dev, dev, w.to(device))
                             ref = _small_gemm_reference(kind, x, delta, norm.weight, w, None)
+                            if kind is small_gemm.Kind.NORM:  # logits stored as float32: the output, widened
+                                wide = fn(x.to(device), delta_dev, dev, w.to(device), out_dtype=torch.float32)[1]
+                                assert wide.dtype == torch.float32 and torch.equal(wide, got.float())
                         total, got = total.cpu(), got.cpu()
                         what = (dtype, config, m, kind, with_extra)
                         assert got.shape == ref[1].shape and got.dtype == dtype, what

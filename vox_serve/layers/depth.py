@@ -106,9 +106,9 @@ class DepthTransformer(nn.Module):
 
     def _head_logits(self, stream: Tensor, delta: Tensor | None, head: int) -> Tensor:
         """The final norm of the last position's stream (+ delta) through head `head` -> float32 logits."""
-        fused = small_gemm.norm_linear(stream, delta, self.norm, self.heads[head])
+        fused = small_gemm.norm_linear(stream, delta, self.norm, self.heads[head], out_dtype=torch.float32)
         if fused is not None:
-            return fused[1].float()
+            return fused[1]
         return (self.norm(stream, delta) @ self.heads[head].t()).float()
 
     def sample_frame(self, hidden: Tensor, first: Tensor, embed: Callable[[int, Tensor], Tensor],

@@ -160,13 +160,16 @@ def gated_linear(gate_up: Tensor, weight: Tensor, bias: Tensor | None = None) ->
                    eps=0.0, gated_in=True)[1]
 
 
-def norm_linear(x: Tensor, delta: Tensor | None, norm: Norm, weight: Tensor) -> tuple[Tensor, Tensor] | None:
-    """(x + delta, RMSNorm(x + delta) @ weight.T), x itself when delta is None; None where not served."""
+def norm_linear(x: Tensor, delta: Tensor | None, norm: Norm, weight: Tensor,
+                out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor] | None:
+    """(x + delta, RMSNorm(x + delta) @ weight.T), x itself when delta is None; None where not served. With
+    `out_dtype` (float32: logits for a sampler) the product, rounded to x's dtype as ever, is stored in that
+    dtype: what `.to(out_dtype)` of the usual output gives, without that launch."""
     config = _config(x, weight, Kind.NORM, weight.shape[0])
     if config is None:
         return None
     return _launch(config, x.contiguous(), delta, norm.weight, weight, None, n=weight.shape[0], gated=False,
-                   eps=norm.eps)
+                   eps=norm.eps, out_dtype=out_dtype)
 
 
 def norm_gated(x: Tensor, delta: Tensor | None, norm: Norm, weight: Tensor) -> tuple[Tensor, Tensor] | None:
@@ -180,9 +183,9 @@ def norm_gated(x: Tensor, delta: Tensor | None, norm: Norm, weight: Tensor) -> t
 
 def _launch(config: BlockConfig, x: Tensor, delta: Tensor | None, norm_weight: Tensor | None, weight: Tensor,
             bias: Tensor | None, *, n: int, gated: bool, eps: float,
-            gated_in: bool = False) -> tuple[Tensor, Tensor]:
+            gated_in: bool = False, out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
     m, k = x.shape[0], weight.shape[1]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
     total = torch.empty_like(x) if delta is not None else x
     delta = delta.contiguous() if delta is not None else x
     block_m = MAX_ROWS if config.dot else rows_bucket(m)
@@ -291,4 +294,5 @@ if triton is not None:
         if GATED:
             gate = acc.to(dtype).to(tl.float32)
             acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(dtype).to(tl.float32)
-        tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(dtype), mask=m_mask[:, None] & n_mask[None, :])
+        out = acc.to(dtype).to(out_ptr.dtype.element_ty)  # rounded to the input dtype, stored in the output's
+        tl.store(out_ptr + rm[:, None] * N + rn[None, :], out, mask=m_mask[:, None] & n_mask[None, :])
