@@ -98,8 +98,7 @@ if triton is not None:
             pos = tl.load(pos_ptr + t).to(tl.int64)
             cos = tl.load(cos_ptr + pos * table_stride + d, mask=dmask, other=0.0)
             sin = tl.load(sin_ptr + pos * table_stride + d, mask=dmask, other=0.0)
-            y1, y2 = _norm_rotate(k_ptr + t * sk_t + h * sk_h, kw_ptr, cos, sin, d, dmask, eps, HAS_NORM,
-                                             HALF)
+            y1, y2 = _norm_rotate(k_ptr + t * sk_t + h * sk_h, kw_ptr, cos, sin, d, dmask, eps, HAS_NORM, HALF)
             at = row_base + pos * (HKV * 2 * HALF)
             tl.store(kc_ptr + at + d, y1.to(k_ptr.dtype.element_ty).to(kc_ptr.dtype.element_ty), mask=dmask)
             tl.store(kc_ptr + at + HALF + d, y2.to(k_ptr.dtype.element_ty).to(kc_ptr.dtype.element_ty), mask=dmask)
@@ -120,8 +119,8 @@ if triton is not None:
             sin = tl.load(sin_ptr + pos * table_stride + d, mask=dmask, other=0.0)
             for g in tl.static_range(G):
                 head = h * G + g
-                y1, y2 = _norm_rotate(q_ptr + t * sq_t + head * sq_h, qw_ptr, cos, sin, d, dmask, eps,
-                                                 HAS_NORM, HALF)
+                y1, y2 = _norm_rotate(q_ptr + t * sq_t + head * sq_h, qw_ptr, cos, sin, d, dmask, eps, HAS_NORM,
+                                      HALF)
                 y1 = y1.to(q_ptr.dtype.element_ty).to(tl.float32)  # as the rotated q that the unfused path keeps
                 y2 = y2.to(q_ptr.dtype.element_ty).to(tl.float32)
                 s = tl.sum(k1 * y1[None, :], axis=1) + tl.sum(k2 * y2[None, :], axis=1)
