@@ -11,7 +11,8 @@ out (and records) a configuration that crashes Triton's compiler.
 Each time is a CUDA-graph replay of launches cycling over enough copies of the weight that they come from HBM,
 not the L2 (as in a model, where every layer's weights differ); the unfused side is what the decoder layers run
 without the table: `add_rms_norm` + cuBLAS (+ `silu_mul`); for the gated-input kind (the down projection with
-the gate of an unfused gate/up projection), `silu_mul` + cuBLAS.
+the gate of an unfused gate/up projection), `silu_mul` + the down projection as the table runs it without that
+kind (the plain kind's winner, or cuBLAS).
 """
 
 from __future__ import annotations
