@@ -212,11 +212,13 @@ def _check_depth_attention(dtype: torch.dtype, qk_norm: bool, rows: int, n: int,
     v_cache = torch.randn(max_rows, num_positions, hkv, dim, generator=gen).to(dtype).to(device)
     ref_k_cache, ref_v_cache = k_cache.clone(), v_cache.clone()
     args = dict(q_norm=norms[0].to(dtype), k_norm=norms[1].to(dtype), eps=1e-6) if qk_norm else {}
-    got = depth_attention.attend(q, k, v, k_cache, v_cache, positions, rows=rows, cos=rope.cos, sin=rope.sin, **args)
+    row = torch.arange(rows, device=device).repeat_interleave(n)
+    slots = row * num_positions + positions
+    got = depth_attention.attend(q, k, v, k_cache, v_cache, slots, positions, rows=rows, cos=rope.cos, sin=rope.sin,
+                                 **args)
     # The unfused GPU path's preparation and write (rope_write_kv, itself checked against PyTorch above): the
     # same roundings, so the caches agree exactly and the attention within its summation order.
-    row = torch.arange(rows, device=device).repeat_interleave(n)
-    ref_q = triton_ops.rope_write_kv(q, k, v, ref_k_cache, ref_v_cache, row * num_positions + positions,
+    ref_q = triton_ops.rope_write_kv(q, k, v, ref_k_cache, ref_v_cache, slots,
                                      cos=rope.cos, sin=rope.sin, positions=positions, **args)
     what = (dtype, qk_norm, rows, n, start, hq, hkv)
     assert torch.equal(k_cache, ref_k_cache) and torch.equal(v_cache, ref_v_cache), what  # nothing else touched

@@ -91,7 +91,7 @@ class DepthTransformer(nn.Module):
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor, prep: QKPrep) -> Tensor:
             kc, vc = self.k_cache[layer], self.v_cache[layer]
             args = prep.kernel_args()
-            fused = None if args is None else depth_attention.attend(q, k, v, kc, vc, rows=b, **args)
+            fused = None if args is None else depth_attention.attend(q, k, v, kc, vc, tables.slots, rows=b, **args)
             if fused is not None:  # the preparation, the cache write and the attention: one kernel
                 return fused
             q = write_kv(kc, vc, q, k, v, tables.slots, prep)

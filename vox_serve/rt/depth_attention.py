@@ -8,8 +8,9 @@ H200 for Qwen3-TTS's predictor at one row), 75 of each per Qwen3-TTS frame. Here
 prepares and writes the row's new keys and values, then attends the head's query heads at each new position over
 the row's cache, whose positions past the query's hold another frame's values and are masked out.
 
-`attend(q, k, v, k_cache, v_cache, positions, ...)` -> [T, Hq, D] in q's dtype, T = rows * n (row r's new
-positions are tokens r * n .. r * n + n - 1, their positions in `positions`); q and k prepared as
+`attend(q, k, v, k_cache, v_cache, slots, positions, ...)` -> [T, Hq, D] in q's dtype, T = rows * n (row r's
+new positions are tokens r * n .. r * n + n - 1, their positions in `positions`, their cache slots in `slots`,
+written by `triton_ops`' KV store); q and k prepared as
 `triton_ops.rope_write_kv` prepares them (q rounded to its dtype after the rope), softmax in float32 over the
 float32 products, the output rounded to q's dtype. Returns None where the kernel does not serve (no Triton, a
 non-CUDA tensor, more than MAX_POSITIONS positions) and unless `VOX_DEPTH_ATTENTION=1`: it is off by default until
@@ -43,11 +44,12 @@ def serves(q: Tensor, k_cache: Tensor) -> bool:
     return k_cache.is_contiguous() and k_cache.shape[1] <= MAX_POSITIONS and q.shape[-1] % 2 == 0
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Tensor, *, rows: int,
-           cos: Tensor, sin: Tensor, q_norm: Tensor | None = None, k_norm: Tensor | None = None,
+def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, positions: Tensor, *,
+           rows: int, cos: Tensor, sin: Tensor, q_norm: Tensor | None = None, k_norm: Tensor | None = None,
            eps: float = 0.0) -> Tensor | None:
     """q [T, Hq, D], k, v [T, Hkv, D] (unit last strides), caches [max rows, positions, Hkv, D] contiguous,
-    positions [T] (T = rows * n, each row's n positions alike); see the module docstring."""
+    slots [T] (token t of row r at position p: r * positions + p), positions [T] (T = rows * n, each row's n
+    positions alike); see the module docstring."""
     if not serves(q, k_cache):
         return None
     tokens, q_heads, dim = q.shape
@@ -64,7 +66,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, po
     half, num_positions = dim // 2, k_cache.shape[1]
     weights = (q_norm, k_norm) if q_norm is not None else (cos, cos)  # (unread without the norm)
     _depth_attention_kernel[(rows, kv_heads)](
-        q, k, v, out, k_cache, v_cache, positions, cos, sin, *weights, q.stride(0), q.stride(1), k.stride(0),
+        q, k, v, out, k_cache, v_cache, slots, positions, cos, sin, *weights, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), cos.stride(0), dim ** -0.5, eps, N=n, G=q_heads // kv_heads,
         HKV=kv_heads, POSITIONS=num_positions, P_PAD=triton.next_power_of_2(num_positions),
         HAS_NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=4)
@@ -72,7 +74,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, po
 
 
 if triton is not None:
-    from vox_serve.rt.triton_ops import _norm_rotate
+    from vox_serve.rt.triton_ops import _norm_rotate, _store_kv
 
     @triton.jit
     def _tile(ptr, rows, d, mask, HALF: tl.constexpr):
@@ -82,8 +84,8 @@ if triton is not None:
             tl.load(ptr + at + HALF, mask=mask, other=0.0).to(tl.float32)
 
     @triton.jit(do_not_specialize=["sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "table_stride", "scale", "eps"])
-    def _depth_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, kc_ptr, vc_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr,
-                                kw_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, table_stride, scale, eps,
+    def _depth_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
+                                qw_ptr, kw_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, table_stride, scale, eps,
                                 N: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, POSITIONS: tl.constexpr,
                                 P_PAD: tl.constexpr, HAS_NORM: tl.constexpr, HALF: tl.constexpr,
                                 BLOCK: tl.constexpr):
@@ -99,13 +101,10 @@ if triton is not None:
             cos = tl.load(cos_ptr + pos * table_stride + d, mask=dmask, other=0.0)
             sin = tl.load(sin_ptr + pos * table_stride + d, mask=dmask, other=0.0)
             y1, y2 = _norm_rotate(k_ptr + t * sk_t + h * sk_h, kw_ptr, cos, sin, d, dmask, eps, HAS_NORM, HALF)
-            at = row_base + pos * (HKV * 2 * HALF)
-            tl.store(kc_ptr + at + d, y1.to(k_ptr.dtype.element_ty).to(kc_ptr.dtype.element_ty), mask=dmask)
-            tl.store(kc_ptr + at + HALF + d, y2.to(k_ptr.dtype.element_ty).to(kc_ptr.dtype.element_ty), mask=dmask)
-            src = v_ptr + t * sv_t + h * sv_h
-            tl.store(vc_ptr + at + d, tl.load(src + d, mask=dmask).to(vc_ptr.dtype.element_ty), mask=dmask)
-            tl.store(vc_ptr + at + HALF + d, tl.load(src + HALF + d, mask=dmask).to(vc_ptr.dtype.element_ty),
-                     mask=dmask)
+            # the static cache's rows as pages of POSITIONS tokens, as rope_write_kv writes it
+            _store_kv(kc_ptr, vc_ptr, slot_ptr, v_ptr + t * sv_t + h * sv_h, t, h, y1.to(k_ptr.dtype.element_ty),
+                      y2.to(k_ptr.dtype.element_ty), d, dmask, POSITIONS, POSITIONS * HKV * 2 * HALF, HKV * 2 * HALF,
+                      2 * HALF, HALF)
         tl.debug_barrier()  # the writes above are read back below by other threads of the program
         p = tl.arange(0, P_PAD)
         tile_mask = (p < POSITIONS)[:, None] & dmask[None, :]
