@@ -16,6 +16,7 @@ from vox_serve.rt.kernels import (
     hash_uniform,
     probs_after_filters,
     sample,
+    sample_unfused,
 )
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -326,8 +327,22 @@ def test_greedy_rows_take_the_argmax_whatever_the_other_params():
     params.temperature.zero_()
     assert torch.equal(sample(logits, params), greedy(logits))
     assert torch.equal(sample(logits, params), logits.argmax(-1))
+    assert torch.equal(sample_unfused(logits, params), greedy(logits))  # the reference path, not the shortcut
     onehot = probs_after_filters(logits, params)
     assert torch.equal(onehot, torch.nn.functional.one_hot(logits.argmax(-1), 64).float())
+
+
+def test_an_all_greedy_cpu_batch_skips_the_draw_and_gives_the_unfused_tokens(monkeypatch: pytest.MonkeyPatch):
+    """sample()'s CPU shortcut for a batch of greedy rows: the unfused path's tokens, ties to the lowest id, under
+    allowed masks and the repetition penalty, without drawing random numbers."""
+    logits, params, history, _ = _mixed_batch(128, 64, 17)
+    logits = logits.round()  # many ties
+    allowed = torch.rand(logits.shape, generator=_gen(18)) > 0.3
+    allowed[:, 5] = True
+    params.temperature.zero_()
+    expected = sample_unfused(logits, params, history, allowed)
+    monkeypatch.setattr("vox_serve.rt.kernels.hash_uniform", lambda *a: pytest.fail("drew random numbers"))
+    assert torch.equal(sample(logits, params, history, allowed), expected)
 
 
 def test_allowed_mask_is_respected_by_greedy_and_sampled_rows():

@@ -167,6 +167,18 @@ def apply_repetition_penalty(logits: Tensor, history: Tensor, penalty: Tensor) -
     return torch.where(present, penalised, x)
 
 
+def masked_logits(logits: Tensor, params: SamplingTensors, history: Tensor | None = None,
+                  allowed: Tensor | None = None) -> Tensor:
+    """float32 logits [N, V] with the disallowed tokens at -inf and the repetition penalty applied: what the
+    temperature and the top-k / top-p / min-p filters then work on."""
+    x = logits.float()
+    if allowed is not None:
+        x = x.masked_fill(~allowed, float("-inf"))
+    if history is not None:
+        x = apply_repetition_penalty(x, history, params.repetition_penalty)
+    return x
+
+
 def probs_after_filters(
     logits: Tensor,
     params: SamplingTensors,
@@ -181,11 +193,7 @@ def probs_after_filters(
     the smallest prefix whose mass reaches top_p is kept. The most likely token is always kept.
     Greedy rows (temperature 0) come out one-hot at the argmax. Every row needs an allowed token.
     """
-    x = logits.float()
-    if allowed is not None:
-        x = x.masked_fill(~allowed, float("-inf"))
-    if history is not None:
-        x = apply_repetition_penalty(x, history, params.repetition_penalty)
+    x = masked_logits(logits, params, history, allowed)
     vocab_size = x.shape[-1]
     is_greedy = (params.temperature <= 0)[:, None]
     temperature = torch.where(is_greedy[:, 0], 1.0, params.temperature.float())
@@ -239,6 +247,10 @@ def sample(
         x = logits if history is None else apply_repetition_penalty(logits, history, params.repetition_penalty)
         return triton_ops.sample(x, allowed, params.temperature, params.top_k, params.top_p, params.min_p,
                                  params.seed, params.offset, _SALT_UNIFORM)
+    if not logits.is_cuda and bool((params.temperature <= 0).all()):
+        # On the CPU reading the parameters costs no synchronisation: a batch of greedy rows needs neither the
+        # sort nor the random stream (the same tokens: the filters leave a greedy row one-hot at its argmax).
+        return greedy(masked_logits(logits, params, history, allowed))
     return sample_unfused(logits, params, history, allowed)
 
 
