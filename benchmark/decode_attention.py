@@ -36,6 +36,7 @@ have KV length 1: the null page).
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,7 +257,7 @@ def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: in
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     ws = DecodeWorkspace.allocate(rows, hkv, hq // hkv, DIM, splits_for(rows, hkv, sms, per_sm), dev)
     out: dict[str, float] = {}
-    layer = iter(range(1 << 30))
+    layer = itertools.count()  # each call takes the next layer's cache
 
     def triton_call() -> object:
         return decode_attention(q, caches[next(layer) % layers], table, kv_lens, DIM ** -0.5, ws, config)
