@@ -3,7 +3,7 @@
 # $OUT/small_gemm_table.json), the GPU tier of the kernels with that table (rt.small_gemm, rt.slot_head, the
 # Rust sampler), then (KERNEL_BENCH=1) the sampler's and the slot head's launch times, (ATTENTION_BENCH=1) the
 # decode-attention candidate's GPU tests and its times against FlashInfer (ATTENTION_ARGS), then (PROFILE=1, and
-# DEPTH_AB=1 for Qwen3-TTS with VOX_DEPTH_ATTENTION=1 as well) the
+# DEPTH_AB=1 for Qwen3-TTS with VOX_DEPTH_ATTENTION=1 as well, PDL_AB=1 with VOX_PDL=1) the
 # decode stages of Orpheus-3B and Qwen3-TTS-1.7B with the table and, from TREE_BEFORE (default .before), without.
 # Usage (repo root): bash benchmark/gpu_small_gemm.sh
 set -uo pipefail
@@ -34,7 +34,7 @@ profile() {  # TAG TREE: the decode stages of both models from TREE
     echo "===== $1 $model"
     (cd "$2" && source benchmark/gpu_env.sh && STAGES=decode BATCHES=${BATCHES:-1,4,16,64,256} TOP=16 \
       timeout "${STAGE_TIMEOUT:-200}" python3 benchmark/profile_stages.py --model "$model" --load-format dummy \
-      --device cuda --max-model-len 1152 --max-batch-size 256 --max-codec-batch 16 --out "$OUT/$1_$model" 2>&1 \
+      --device cuda --max-model-len 1152 --max-batch-size "${MAX_BATCH:-256}" --max-codec-batch 16 --out "$OUT/$1_$model" 2>&1 \
       | grep -vE "USDT|profiler_st" | tee "$OUT/$1_$model.txt" | grep -E "decode|device total")
   done
 }
@@ -42,6 +42,9 @@ if [ "${PROFILE:-0}" = 1 ]; then
   profile after .
   # DEPTH_AB=1: Qwen3-TTS's frame again with the depth transformer's one-kernel attention (rt/depth_attention.py)
   [ "${DEPTH_AB:-0}" = 1 ] && VOX_DEPTH_ATTENTION=1 MODELS=qwen3-tts profile depth_attention .
+  # PDL_AB=1: both models again with programmatic dependent launch (rt/pdl.py), and with the depth attention too
+  [ "${PDL_AB:-0}" = 1 ] && VOX_PDL=1 profile pdl .
+  [ "${PDL_AB:-0}" = 1 ] && [ "${DEPTH_AB:-0}" = 1 ] && VOX_PDL=1 VOX_DEPTH_ATTENTION=1 MODELS=qwen3-tts profile pdl_depth .
   [ -d "${TREE_BEFORE:-.before}" ] && VOX_SMALL_GEMM=0 profile before "${TREE_BEFORE:-.before}"
 fi
 true

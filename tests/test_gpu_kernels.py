@@ -190,3 +190,67 @@ def test_decoder_stack_with_small_row_projections(kind: str, dot: bool, monkeypa
     ref = stack_outputs(kind, True, torch.bfloat16, "cuda")
     errors = relative_errors(fused, ref)
     assert max(errors) < 3e-2, errors
+
+
+def _pdl_chain(x: torch.Tensor, delta: torch.Tensor, w: dict[str, torch.Tensor], cache: torch.Tensor,
+               slots: torch.Tensor, rope: RotaryEmbedding, positions: torch.Tensor) -> list[torch.Tensor]:
+    """Three layer-like rounds of the participating kernels, each reading the one before's output."""
+    outs = []
+    for _ in range(3):
+        x, h = triton_ops.add_rms_norm(x, delta, w["norm"], 1e-6)
+        qkv = small_gemm.linear(h, w["qkv"]).view(x.shape[0], 6, 64)
+        q = triton_ops.rope_write_kv(qkv[:, :4], qkv[:, 4:5], qkv[:, 5:], cache[:, 0], cache[:, 1], slots,
+                                     cos=rope.cos, sin=rope.sin, positions=positions)
+        delta = small_gemm.linear(triton_ops.silu_mul(small_gemm.linear(q.view(x.shape[0], 256), w["up"])), w["down"])
+        outs += [x, q]
+    return outs + [delta, cache.clone()]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="programmatic dependent launch: compute capability >= 9.0")
+def test_pdl_launches_in_a_cuda_graph_equal_plain_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rt.pdl: the chain of participating kernels (add_rms_norm, small_gemm, rope_write_kv, silu_mul) captured in a
+    CUDA graph with programmatic dependent launch, replayed over new inputs, gives bit for bit what plain eager
+    launches give: every kernel waits for the one before it before touching memory."""
+    from vox_serve.rt import pdl
+
+    monkeypatch.setattr(small_gemm, "forced", lambda kind, m, n, k: small_gemm.BlockConfig(16, 64))
+    gen = torch.Generator().manual_seed(9)
+    rows, width = 4, 256
+    w = {"norm": torch.rand(width, generator=gen) + 0.5, "qkv": torch.randn(6 * 64, width, generator=gen) / 16,
+         "up": torch.randn(2 * 512, width, generator=gen) / 16, "down": torch.randn(width, 512, generator=gen) / 22}
+    w = {name: t.bfloat16().cuda() for name, t in w.items()}
+    rope = RotaryEmbedding(64, 256, {"rope_type": "default", "rope_theta": 10000.0})
+    rope.cos, rope.sin = rope.cos.cuda(), rope.sin.cuda()
+    inputs = [(torch.randn(rows, width, generator=gen).bfloat16().cuda(),
+               torch.randn(rows, width, generator=gen).bfloat16().cuda(),
+               torch.randint(0, 256, (rows,), generator=gen).cuda()) for _ in range(3)]
+    slots = torch.arange(rows).cuda() * 3 + 16
+
+    def run(x: torch.Tensor, d: torch.Tensor, pos: torch.Tensor, cache: torch.Tensor) -> list[torch.Tensor]:
+        return _pdl_chain(x, d, w, cache, slots, rope, pos)
+
+    monkeypatch.setenv(pdl.ENV, "0")
+    expected = [run(x, d, pos, torch.zeros(8, 2, 16, 1, 64, dtype=torch.bfloat16, device="cuda"))
+                for x, d, pos in inputs]
+    monkeypatch.setenv(pdl.ENV, "1")
+    assert pdl.launch_options(inputs[0][0]) == {"PDL": True, "launch_pdl": True}
+    static = [t.clone() for t in inputs[0]]
+    cache = torch.zeros(8, 2, 16, 1, 64, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run(*static, cache)  # compiles the PDL variants outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = run(*static, cache)
+    for (x, d, pos), want in zip(inputs, expected, strict=True):
+        for dst, src in zip(static, (x, d, pos), strict=True):
+            dst.copy_(src)
+        cache.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, ref in zip(outs, want, strict=True):
+            assert torch.equal(got, ref)
+    assert torch.equal(run(*inputs[1], torch.zeros_like(cache))[0], expected[1][0])  # eager PDL launches too

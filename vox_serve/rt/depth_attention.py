@@ -25,7 +25,7 @@ import os
 import torch
 from torch import Tensor
 
-from vox_serve.rt import triton_ops
+from vox_serve.rt import pdl, triton_ops
 
 try:
     import triton
@@ -69,7 +69,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, sl
         q, k, v, out, k_cache, v_cache, slots, positions, cos, sin, *weights, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), cos.stride(0), dim ** -0.5, eps, N=n, G=q_heads // kv_heads,
         HKV=kv_heads, POSITIONS=num_positions, P_PAD=triton.next_power_of_2(num_positions),
-        HAS_NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=4)
+        HAS_NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=4,
+        **pdl.launch_options(q))
     return out
 
 
@@ -88,7 +89,8 @@ if triton is not None:
                                 qw_ptr, kw_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, table_stride, scale, eps,
                                 N: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, POSITIONS: tl.constexpr,
                                 P_PAD: tl.constexpr, HAS_NORM: tl.constexpr, HALF: tl.constexpr,
-                                BLOCK: tl.constexpr):
+                                BLOCK: tl.constexpr, PDL: tl.constexpr):
+        pdl.enter(PDL)
         r = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1).to(tl.int64)
         d = tl.arange(0, BLOCK)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vox_serve.rt import triton_ops
+from vox_serve.rt import pdl, triton_ops
 
 try:
     import triton
@@ -111,7 +111,8 @@ def slot_logits(hidden: Tensor, weight: Tensor, base: int, slot: Tensor, width: 
     _slot_logits_kernel[grid](
         hidden, weight, slot, out, m, base, extra_id, K=k, WIDTH=width, BLOCKS=blocks, NUM_SLOTS=num_slots,
         DOT=config.dot, IEEE=hidden.dtype == torch.float32, BLOCK_M=MAX_ROWS if config.dot else rows_bucket(m),
-        BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.warps, num_stages=config.stages)
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.warps, num_stages=config.stages,
+        **pdl.launch_options(hidden))
     return out
 
 
@@ -137,7 +138,8 @@ if triton is not None:
     def _slot_logits_kernel(h_ptr, w_ptr, slot_ptr, out_ptr, m, base, extra_id, K: tl.constexpr,
                             WIDTH: tl.constexpr, BLOCKS: tl.constexpr, NUM_SLOTS: tl.constexpr, DOT: tl.constexpr,
                             IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr):
+                            BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        pdl.enter(PDL)
         pid = tl.program_id(0)
         is_extra = pid == NUM_SLOTS * BLOCKS
         s = pid // BLOCKS

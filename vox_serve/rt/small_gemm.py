@@ -45,7 +45,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from vox_serve.rt import triton_ops
+from vox_serve.rt import pdl, triton_ops
 
 try:
     import triton
@@ -194,7 +194,7 @@ def _launch(config: BlockConfig, x: Tensor, delta: Tensor | None, norm_weight: T
         x, delta, norm_weight if norm_weight is not None else x, total, weight, bias if bias is not None else x,
         out, m, n, eps, K=k, HAS_DELTA=total is not x, NORM=norm_weight is not None, GATED=gated, GATED_IN=gated_in,
         HAS_BIAS=bias is not None, DOT=config.dot, UNROLL=config.unroll, BLOCK_M=block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, num_warps=config.warps, num_stages=config.stages)
+        BLOCK_K=config.block_k, num_warps=config.warps, num_stages=config.stages, **pdl.launch_options(x))
     return total, out
 
 
@@ -258,7 +258,9 @@ if triton is not None:
     def _small_linear_kernel(x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, eps, K: tl.constexpr,
                              HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
                              GATED_IN: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, UNROLL: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             PDL: tl.constexpr):
+        pdl.enter(PDL)
         pid = tl.program_id(0)
         rm = tl.arange(0, BLOCK_M)
         m_mask = rm < m

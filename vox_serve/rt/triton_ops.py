@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from vox_serve.rt import pdl
+
 try:
     import triton
     import triton.language as tl
@@ -75,7 +77,8 @@ if triton is not None:
         tl.store(out_ptr + i, u, mask=mask)
 
     @triton.jit(do_not_specialize=["total", "width"])
-    def _silu_mul_kernel(x_ptr, out_ptr, total, width, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(x_ptr, out_ptr, total, width, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        pdl.enter(PDL)
         i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = i < total
         row, col = i // width, i % width
@@ -85,7 +88,9 @@ if triton is not None:
         tl.store(out_ptr + i, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["width", "eps"])
-    def _add_rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, sum_ptr, out_ptr, width, eps, BLOCK: tl.constexpr):
+    def _add_rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, sum_ptr, out_ptr, width, eps, BLOCK: tl.constexpr,
+                             PDL: tl.constexpr):
+        pdl.enter(PDL)
         row = tl.program_id(0).to(tl.int64)
         col = tl.arange(0, BLOCK)
         mask = col < width
@@ -147,7 +152,9 @@ if triton is not None:
     def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
                               qw_ptr, kw_ptr, q_heads, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, table_stride,
                               page_size, c_page, c_tok, c_head, eps, ROTATE: tl.constexpr,
-                              HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+                              HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+                              PDL: tl.constexpr):
+        pdl.enter(PDL)
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1).to(tl.int64)
         d = tl.arange(0, BLOCK)
@@ -289,7 +296,8 @@ def rope_write_kv(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
         q, k, v, q_out, k_cache, v_cache, slots, positions if rotate else slots, table, sin if rotate else table,
         *weights, heads, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         table.stride(0), k_cache.shape[1], k_cache.stride(0), k_cache.stride(1), dim, eps,
-        ROTATE=rotate, HAS_NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=1)
+        ROTATE=rotate, HAS_NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=1,
+        **pdl.launch_options(q))
     return q_out
 
 
@@ -299,7 +307,8 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     width = gate_up.shape[-1] // 2
     out = torch.empty(*gate_up.shape[:-1], width, dtype=gate_up.dtype, device=gate_up.device)
     if out.numel():
-        _silu_mul_kernel[_grid(out.numel())](gate_up, out, out.numel(), width, BLOCK=_BLOCK)
+        _silu_mul_kernel[_grid(out.numel())](gate_up, out, out.numel(), width, BLOCK=_BLOCK,
+                                             **pdl.launch_options(out))
     return out
 
 
@@ -312,7 +321,7 @@ def add_rms_norm(x: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[
     total, out = torch.empty_like(x), torch.empty_like(x)
     if tokens:
         _add_rms_norm_kernel[(tokens,)](x, delta, weight.contiguous(), total, out, width, eps,
-                                        BLOCK=triton.next_power_of_2(width))
+                                        BLOCK=triton.next_power_of_2(width), **pdl.launch_options(x))
     return total, out
 
 
