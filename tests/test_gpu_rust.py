@@ -120,6 +120,29 @@ def test_rust_sampler_draws_the_reference_tokens_at_qwen3_tts_defaults(vocab: in
     assert (got == ref).float().mean().item() >= 0.98
 
 
+@pytest.mark.parametrize("vocab", [2048, 4097])
+def test_rust_sampler_with_tied_logits(vocab: int) -> None:
+    """Rows whose logits tie: all equal, bf16-rounded (a few hundred distinct values) and a handful of
+    values, where the radix selects' bins are shared by whole warps; ties resolve by ascending id."""
+    require_kernels()
+    gen = torch.Generator().manual_seed(vocab + 2)
+    rows = 96
+    noise = torch.randn(rows, vocab, generator=gen) * 3
+    logits = torch.cat([torch.zeros(rows // 3, vocab), noise[rows // 3:2 * rows // 3].bfloat16().float(),
+                        noise[2 * rows // 3:].round().clamp(-2, 2)])
+    params = kernels.SamplingTensors.filled(rows, temperature=0.9, top_k=50, top_p=1.0)
+    params.top_p[1::2] = 0.75  # no rank of an all-equal row sits on the boundary (0.02 each)
+    params.seed = torch.randint(0, 2**40, (rows,), generator=gen)
+    params.offset = torch.randint(0, 10**6, (rows,), generator=gen)
+    params.temperature[::16] = 0.0
+    ref = kernels.sample(logits, params, None, None)
+    got = _rust_sample(logits.cuda(), to_cuda(params), None, None).cpu()
+    greedy = params.temperature == 0
+    assert torch.equal(got[greedy], ref[greedy])
+    assert torch.equal(got[:rows // 3], ref[:rows // 3])  # all-equal rows: exact probabilities
+    assert (got == ref).float().mean().item() >= 0.98
+
+
 def test_rust_sampler_rows_are_independent_and_repeatable() -> None:
     """A row's token depends on its own logits, parameters, seed and offset only."""
     require_kernels()
