@@ -32,7 +32,7 @@ fi
 profile() {  # TAG TREE: the decode stages of both models from TREE
   for model in ${MODELS:-qwen3-tts orpheus}; do
     echo "===== $1 $model"
-    (cd "$2" && source benchmark/gpu_env.sh && STAGES=decode BATCHES=${BATCHES:-1,4,16,64,256} TOP=16 \
+    (cd "$2" && source benchmark/gpu_env.sh && STAGES=decode BATCHES=${BATCHES:-1,4,16,64,256} TOP=${TOP:-16} \
       timeout "${STAGE_TIMEOUT:-200}" python3 benchmark/profile_stages.py --model "$model" --load-format dummy \
       --device cuda --max-model-len 1152 --max-batch-size "${MAX_BATCH:-256}" --max-codec-batch 16 --out "$OUT/$1_$model" 2>&1 \
       | grep -vE "USDT|profiler_st" | tee "$OUT/$1_$model.txt" | grep -E "decode|device total")
