@@ -15,9 +15,9 @@ def test_cpu_tensors_never_take_part(value: str, monkeypatch: pytest.MonkeyPatch
     assert pdl.launch_options(torch.zeros(1)) == {"PDL": False}
 
 
-def test_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_where_it_applies_unless_asked_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(pdl.ENV, raising=False)
-    assert pdl._setting() == "0"
+    assert pdl._setting() == "auto"
 
 
 @pytest.mark.parametrize("value", ["yes", "2", "on"])

@@ -13,9 +13,11 @@ new positions are tokens r * n .. r * n + n - 1, their positions in `positions`,
 written by `triton_ops`' KV store); q and k prepared as
 `triton_ops.rope_write_kv` prepares them (q rounded to its dtype after the rope), softmax in float32 over the
 float32 products, the output rounded to q's dtype. Returns None where the kernel does not serve (no Triton, a
-non-CUDA tensor, more than MAX_POSITIONS positions) and unless `VOX_DEPTH_ATTENTION=1`: it is off by default until
-it is measured on a GPU (written and checked through Triton's interpreter only); the caller then runs its
-PyTorch path. Tests run it through Triton's interpreter on the CPU (`forced`).
+non-CUDA tensor, more than MAX_POSITIONS positions) and unless `VOX_DEPTH_ATTENTION=1`; the caller then runs its
+PyTorch path. Off by default: on an H200 (benchmark/results/h200-2026-12-03c) the Qwen3-TTS frame took 4.078 ->
+4.055 ms at 1 row and 5.974 -> 5.907 ms at 16 with it, but 3.794 -> 3.780 and 5.938 -> 6.196 ms once the step's
+kernels use programmatic dependent launch (rt/pdl.py); why it loses at 16 rows there is not established.
+Tests run it through Triton's interpreter on the CPU (`forced`).
 """
 
 from __future__ import annotations
