@@ -7,7 +7,7 @@ import pytest
 import torch
 from decoder_stack_helpers import relative_errors, stack_outputs
 from sampling_helpers import random_case, to_cuda
-from triton_checks.check_ops import check_depth_attention, check_small_gemm
+from triton_checks.check_ops import check_commit_rows, check_decode_rows, check_depth_attention, check_small_gemm
 
 from vox_serve.layers.rope import RotaryEmbedding
 from vox_serve.rt import codec_kernels, kernels, small_gemm, triton_ops
@@ -168,6 +168,12 @@ def test_depth_attention_matches_the_reference() -> None:
     """rt.depth_attention compiled (float32 and bfloat16) against rope_write_kv and attention in float32, as the
     interpreter check does."""
     check_depth_attention("cuda")
+
+
+def test_decode_rows_match_the_reference() -> None:
+    """rt.launch_rows' kernels compiled against lm_batch's PyTorch code on the GPU, as the interpreter checks do."""
+    check_decode_rows("cuda")
+    check_commit_rows("cuda")
 
 
 def test_small_row_projections_match_the_reference() -> None:

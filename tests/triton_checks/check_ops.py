@@ -433,6 +433,119 @@ def _check_sample(rows: int, vocab: int) -> None:
     assert bool(allowed[torch.arange(rows), got].all()), "never a disallowed token"
 
 
+def check_decode_rows(device: str = "cpu") -> None:
+    """rt.launch_rows.decode_rows (a decode launch's per-row views in one kernel) against lm_batch's PyTorch code:
+    every tensor of the LmBatch equal, dtypes included, over random slot tables: padded rows, positions inside the
+    prompt and past it, absent and given ids in the code columns and an extra column, repetition windows shorter
+    and longer than the launch's, with and without FlashInfer's page list."""
+    from vox_serve.rt import launch_rows
+
+    for n, window, pages in ((1, 5, True), (6, 5, True), (6, 0, False), (8, 3, True)):
+        ref, got = (_decode_batch_outputs(_decode_source(n, window, pages, device), n, fused)
+                    for fused in (False, True))
+        for name, want in ref.items():
+            assert got[name].dtype == want.dtype and torch.equal(got[name].cpu(), want.cpu()), (n, window, name)
+    assert launch_rows.forced is None
+
+
+def check_commit_rows(device: str = "cpu") -> None:
+    """rt.launch_rows.commit against LmBatch.commit's PyTorch code: the same slot tables after committing random
+    samples (audio, audio-stop and other kinds; padded rows all writing the scratch row, whose token and code
+    entries then depend on the writers' order and are not compared; its code count is)."""
+    from vox_serve.core.request import OutKind
+    from vox_serve.rt import launch_rows
+    from vox_serve.rt.lm_batch import LmSample, decode_batch
+
+    for n in (1, 6, 8):
+        tables = []
+        for fused in (False, True):
+            src = _decode_source(n, 3, True, device)
+            batch = decode_batch(src, n)
+            gen = torch.Generator().manual_seed(n)
+            kinds = torch.tensor([int(k) for k in OutKind])[torch.randint(0, len(OutKind), (n,), generator=gen)]
+            sample = LmSample(tokens=torch.randint(0, 99, (n, 2), generator=gen).to(device),
+                              codes=torch.randint(0, 99, (n, 3), generator=gen).to(device), kind=kinds.to(device))
+            launch_rows.forced = fused
+            try:
+                batch.commit(sample)
+            finally:
+                launch_rows.forced = None
+            tables.append({name: t.cpu() for name, t in src.state.tables.items()}
+                          | {"kind_out": batch.kind_out[:n].cpu()})
+        scratch = src.state.scratch
+        for name, want in tables[0].items():
+            got = tables[1][name]
+            if name in ("tokens", "codes"):
+                got, want = got[:scratch], want[:scratch]
+            assert torch.equal(got, want), (n, name)
+
+
+def _decode_source(n: int, window: int, with_pages: bool, device: str):  # noqa: ANN202 - an lm_batch.LaunchSource
+    """A launch source of n decode rows over random slot tables (the same for the same arguments)."""
+    from vox_serve.core.meta import EngineLimits, ProgramMeta, StopRule
+    from vox_serve.core.plan import ABSENT_ID
+    from vox_serve.rt import step_fields
+    from vox_serve.rt.arena import Arena
+    from vox_serve.rt.lm_batch import LaunchSource
+    from vox_serve.rt.slot_state import SlotState
+
+    meta = ProgramMeta(name="toy", sample_rate=1000, input_columns=3, codes_per_step=2, codes_per_frame=4,
+                       samples_per_frame=100, frames_per_chunk=2, codec_lookback_frames=1, codec_lookahead_frames=1,
+                       skip_leading_frames=0, max_model_len=64, max_text_chars=100,
+                       stop_rule=StopRule(token=0, at_frame_boundary=True), default_sampling={},
+                       accepted_fields=("text",))
+    lim = EngineLimits(max_batch=8, max_prefill_tokens=64, max_prefill_seqs=4, max_codec_batch=8, frames_per_chunk=2,
+                       num_pages=80, page_size=4, max_model_len=64, repetition_window=window)
+    gen = torch.Generator().manual_seed(n * 10 + window)
+    st = SlotState(meta, lim, torch.device(device))
+    for t in st.tables.values():
+        if t.dtype == torch.bool:
+            t.copy_(torch.rand(t.shape, generator=gen) > 0.5)
+        elif t.dtype.is_floating_point:
+            t.copy_(torch.rand(t.shape, generator=gen))
+        else:
+            t.copy_(torch.randint(0, 50, t.shape, generator=gen))
+    st["prompt_len"].copy_(torch.randint(1, 20, st["prompt_len"].shape, generator=gen))
+    st["repetition_window"].copy_(torch.randint(0, window + 3, st["repetition_window"].shape, generator=gen))
+    step_in = Arena("step_in", step_fields.step_input_fields(meta, lim), torch.device(device))
+    step_out = Arena("step_out", step_fields.step_output_fields(meta, lim), torch.device(device))
+    a = step_in.dev
+    slots = torch.randperm(st.num_slots, generator=gen)[:n].int()
+    slots[n // 2:][::2] = -1  # padded rows
+    rows = st.slots(slots.long().to(device)).cpu()
+    prompt = st["prompt_len"].cpu()[rows]
+    pos = (prompt - 3 + torch.randint(0, 40, (n,), generator=gen)).clamp(min=0)  # some inside the prompt
+    ids = torch.randint(0, 50, (n, 3), generator=gen).int()
+    ids[:, :2][torch.rand(n, 2, generator=gen) > 0.4] = ABSENT_ID
+    counts = (pos + 1 + lim.page_size - 1) // lim.page_size
+    indptr = torch.zeros(n + 1, dtype=torch.int32)
+    indptr[1:] = counts.cumsum(0)
+    for name, value in (("decode_slot", slots), ("decode_pos", pos.int()), ("decode_ids", ids),
+                        ("decode_kv_indptr", indptr)):
+        a[name][: len(value)] = value.to(device)
+    pages = torch.full((lim.max_batch * st.page_table.shape[1],), 777, dtype=torch.int32, device=device)
+    return LaunchSource(st, step_in, step_out, lim.page_size, window, pages if with_pages else None)
+
+
+def _decode_batch_outputs(src, n: int, fused: bool) -> dict:  # noqa: ANN001 - an lm_batch.LaunchSource
+    import dataclasses
+
+    from vox_serve.rt import launch_rows
+    from vox_serve.rt.lm_batch import decode_batch
+
+    launch_rows.forced = fused  # False: lm_batch's PyTorch path, on the GPU too
+    try:
+        batch = decode_batch(src, n)
+    finally:
+        launch_rows.forced = None
+    out = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)
+           if isinstance(getattr(batch, f.name), torch.Tensor)}
+    out.update({f"attention.{f.name}": getattr(batch.attention, f.name) for f in dataclasses.fields(batch.attention)
+                if isinstance(getattr(batch.attention, f.name), torch.Tensor) and not f.name.endswith("_host")})
+    out.update({f"sampling.{f.name}": getattr(batch.sampling, f.name) for f in dataclasses.fields(batch.sampling)})
+    out["kv_indices"] = src.kv_indices.clone() if src.kv_indices is not None else torch.zeros(0)
+    return out
+
 if __name__ == "__main__":
     globals()[f"check_{sys.argv[1]}"]()
     print("ok")

@@ -7,6 +7,8 @@ KV write slots and page rows from the page table, sampling parameters and the re
 the RNG offset (the index of the token being sampled), and the codes so far. `commit` writes the
 row's sampled token into the history, appends its codes, and stores its out kind for the host.
 Rows that do not sample (padding, a non-final prefill chunk) write only into the scratch slot.
+On GPUs the decode launch's derivation and every commit run as one Triton kernel each (`rt/launch_rows.py`);
+the PyTorch code here is their reference.
 
 Paired rows (`ProgramLayout.kv_streams` = K > 1, classifier-free guidance): each row attends K KV
 sequences of the same length, one per stream. The launch's tokens are expanded stream by stream:
@@ -26,6 +28,7 @@ from torch import Tensor
 
 from vox_serve.core.plan import ABSENT_ID
 from vox_serve.core.request import OutKind
+from vox_serve.rt import launch_rows
 from vox_serve.rt.arena import Arena
 from vox_serve.rt.attention import AttentionBuffers
 from vox_serve.rt.kernels import SamplingTensors
@@ -71,6 +74,8 @@ class LmBatch:
 
     def commit(self, sample: LmSample) -> None:
         """Write the rows' samples into the slot tables and their kinds into the step's outputs."""
+        if launch_rows.commit(self, sample):
+            return
         st, n, ws = self.state, self.num_seqs, self.write_slot
         gen = self.gen_index.clamp(0, st.max_generated - 1)
         st.tokens[ws, gen] = sample.tokens.to(torch.int32)
@@ -135,6 +140,9 @@ class LaunchSource:
 
 def decode_batch(src: LaunchSource, n: int) -> LmBatch:
     """The decode launch of `n` rows (one token each)."""
+    fused = launch_rows.decode_rows(src, n)
+    if fused is not None:
+        return _fused_decode_batch(src, n, fused)
     st, a = src.state, src.step_in.dev
     slot = st.slots(a["decode_slot"][:n])
     pos = a["decode_pos"][:n].long()
@@ -143,6 +151,26 @@ def decode_batch(src: LaunchSource, n: int) -> LmBatch:
     gen_index = pos + 1 - st["prompt_len"][slot]
     return _batch(src, "decode", n, n, slot, slot, pos, a["decode_ids"][:n], kv_len, qo_indptr,
                   torch.ones(n, dtype=torch.bool, device=pos.device), gen_index, torch.arange(n, device=pos.device))
+
+
+def _fused_decode_batch(src: LaunchSource, n: int, r: launch_rows.DecodeRows) -> LmBatch:
+    """decode_batch from the one-kernel derivation (rt/launch_rows.py): the same tensors."""
+    st, h = src.state, src.step_in.host
+    attention = AttentionBuffers(
+        page_table=r.page_rows, kv_lens=r.kv_len, qo_indptr=r.qo_indptr, slot_mapping=r.slot_mapping,
+        kv_indices=src.kv_indices, kv_indptr_host=h["decode_kv_indptr"], qo_indptr_host=h.get("decode_qo_indptr"),
+        kv_last_page_len_host=h["decode_last_page_len"],
+    )
+    s = r.sampled
+    sampling = SamplingTensors(
+        temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], min_p=s["min_p"],
+        repetition_penalty=s["repetition_penalty"], seed=s["seed"], offset=r.gen_index,
+    )
+    return LmBatch(
+        state=st, num_tokens=n, num_seqs=n, ids=r.ids, positions=r.positions, attention=attention, slot=r.slot,
+        write_slot=r.slot, gen_index=r.gen_index, num_codes=r.num_codes, logits_index=r.logits_index,
+        sampling=sampling, history=r.history, allow_stop=s["allow_stop"], kind_out=src.step_out.dev["decode_kind"],
+    )
 
 
 def prefill_batch(src: LaunchSource, num_tokens: int, num_seqs: int) -> LmBatch:
