@@ -10,11 +10,13 @@
 
 One program per row computes the same values, in the same dtypes, as the PyTorch code in `lm_batch`, which stays
 the reference and the path for CPU tensors, paired rows (decode_rows) and frame latents (commit). Each returns
-None / False where its kernel does not serve. Tests run them through Triton's interpreter on the CPU (`forced`).
+None / False where its kernel does not serve; `VOX_LAUNCH_ROWS=0` turns both off. Tests run them through Triton's
+interpreter on the CPU (`forced`).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +33,13 @@ except Exception:  # noqa: BLE001 - no Triton: lm_batch's PyTorch path runs
     triton = None
 
 forced: bool | None = None  # tests: True serves CPU tensors too (through Triton's interpreter), False nothing
+ENV = "VOX_LAUNCH_ROWS"  # 0: lm_batch's PyTorch code on GPUs too (A/B measurements)
+
+
+def _on(t: Tensor) -> bool:
+    if forced is not None:
+        return forced
+    return triton_ops.enabled(t) and os.environ.get(ENV, "1") != "0"
 
 SAMPLED = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "allow_stop")
 
@@ -57,7 +66,7 @@ def serves(src) -> bool:  # noqa: ANN001 - an lm_batch.LaunchSource (imported th
     st = src.state
     if triton is None or st.kv_streams != 1:
         return False
-    return forced if forced is not None else triton_ops.enabled(st.page_table)
+    return _on(st.page_table)
 
 
 def decode_rows(src, n: int) -> DecodeRows | None:  # noqa: ANN001 - an lm_batch.LaunchSource
@@ -100,9 +109,8 @@ def commit(batch, sample) -> bool:  # noqa: ANN001 - an lm_batch.LmBatch and its
     """Write the rows' samples into the slot tables and their kinds into the step's outputs, as LmBatch.commit
     does; False (nothing written) where the kernel does not serve."""
     st, n = batch.state, batch.num_seqs
-    on = forced if forced is not None else triton_ops.enabled(st.tokens)
     tokens, codes = sample.tokens, sample.codes
-    if triton is None or not on or (st.latents is not None and sample.latents is not None):
+    if triton is None or not _on(st.tokens) or (st.latents is not None and sample.latents is not None):
         return False
     if tokens.shape != (n, st.tokens.shape[2]) or codes.dim() != 2 or codes.shape[0] != n:
         return False  # (shapes the PyTorch path broadcasts)
