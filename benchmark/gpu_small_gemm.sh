@@ -48,5 +48,7 @@ if [ "${PROFILE:-0}" = 1 ]; then
   # ROWS_AB=1: both models again with lm_batch's PyTorch launch rows (rt/launch_rows.py off)
   [ "${ROWS_AB:-0}" = 1 ] && VOX_LAUNCH_ROWS=0 profile torch_rows .
   [ -d "${TREE_BEFORE:-.before}" ] && VOX_SMALL_GEMM=0 profile before "${TREE_BEFORE:-.before}"
+  # one archive: the device tool brings back only a few files per call (the summaries are on stdout above)
+  (cd "$OUT" && tar czf profiles.tgz --remove-files $(ls -d ./*_orpheus* ./*_qwen3-tts* 2>/dev/null) && ls -la profiles.tgz)
 fi
 true
