@@ -27,21 +27,18 @@ def test_a_bad_setting_is_refused(value: str, monkeypatch: pytest.MonkeyPatch) -
         pdl.launch_options(torch.zeros(1))
 
 
-def _sm90_ptx(prefetch: bool, pdl_on: bool = True) -> str:
-    """rt.small_gemm's kernel compiled for sm_90 without a GPU (Triton's own ptxas), gated, K = 1024."""
+def _sm90_ptx(kernel, types: dict[str, str], constexprs: dict, pdl_on: bool = True) -> str:  # noqa: ANN001
+    """A Triton kernel compiled for sm_90 without a GPU (Triton's own ptxas): its PTX. `types` gives every
+    runtime parameter's type ("*bf16", "i32", ...)."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from vox_serve.rt import small_gemm
-
-    pointers = ("x_ptr", "d_ptr", "nw_ptr", "sum_ptr", "w_ptr", "b_ptr", "out_ptr")
-    constexprs = dict(K=1024, HAS_DELTA=False, NORM=True, GATED=True, GATED_IN=False, HAS_BIAS=False, DOT=False,
-                      UNROLL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=256, PREFETCH=prefetch, LINE=64, LINES=16,
-                      PDL=pdl_on)
-    signature = {name: "*bf16" for name in pointers} | {"m": "i32", "N": "i32", "eps": "fp32"}
-    signature |= {name: "constexpr" for name in constexprs}
-    source = ASTSource(fn=small_gemm._small_linear_kernel, signature=signature, constexprs=constexprs)
+    constexprs = {**constexprs, "PDL": pdl_on}
+    signature = {name: types[name] if name in types else "constexpr" for name in kernel.arg_names}
+    missing = [name for name, kind in signature.items() if kind == "constexpr" and name not in constexprs]
+    assert not missing, missing
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
     try:
         compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl_on})
     except Exception as e:  # noqa: BLE001 - a Triton build without the NVIDIA backend's tools
@@ -49,18 +46,91 @@ def _sm90_ptx(prefetch: bool, pdl_on: bool = True) -> str:
     return compiled.asm["ptx"]
 
 
-def test_kernels_wait_for_the_one_before_and_prefetch_only_ahead_of_that() -> None:
-    """The compiled PTX: with PDL the kernel waits (griddepcontrol.wait) before its first load of an input and
-    then lets the next kernel launch; with the prefetch its L2 prefetches come before the wait; without PDL none
-    of it is emitted."""
-    ptx = _sm90_ptx(prefetch=True)
+def _types(pointers: str, scalars: str = "", **pointer_types: str) -> dict[str, str]:
+    """Space-separated names: bf16 pointers and i32 scalars; keyword arguments: other pointer types."""
+    out = {name: "*bf16" for name in pointers.split()} | {name: "i32" for name in scalars.split()}
+    return out | {name: f"*{t}" for name, t in pointer_types.items()}
+
+
+def _gemm(prefetch: bool) -> tuple:
+    from vox_serve.rt import small_gemm
+
+    types = _types("x_ptr d_ptr nw_ptr sum_ptr w_ptr b_ptr out_ptr", "m N") | {"eps": "fp32"}
+    return small_gemm._small_linear_kernel, types, dict(
+        K=1024, HAS_DELTA=False, NORM=True, GATED=True, GATED_IN=False, HAS_BIAS=False, DOT=False, UNROLL=False,
+        BLOCK_M=1, BLOCK_N=8, BLOCK_K=256, PREFETCH=prefetch, LINE=64, LINES=16)
+
+
+def _participants() -> list[tuple]:
+    """Every kernel of the step launched with PDL, with parameter types and constexprs to compile it."""
+    from vox_serve.rt import depth_attention, launch_rows, slot_head, triton_ops
+
+    rows_in = dict(slot_in="i32", pos_in="i32", ids_in="i32", kv_indptr="i32", prompt_len="i64", rep_window="i64",
+                   num_codes="i64", tokens="i32", page_table="i32", temperature="fp32", top_k="i64", top_p="fp32",
+                   min_p="fp32", penalty="fp32", seed="i64", allow_stop="i1")
+    rows_out = {f"{name}_out": kind for name, kind in rows_in.items() if name not in (
+        "slot_in", "pos_in", "ids_in", "kv_indptr", "prompt_len", "rep_window", "tokens", "page_table")}
+    rows_out |= dict(slot_out="i64", pos_out="i64", kv_len_out="i32", qo_indptr_out="i32", gen_out="i64",
+                     ids_out="i64", page_rows_out="i32", slot_mapping_out="i64", logits_index_out="i64",
+                     history_out="i64", kv_indices_out="i32")
+    return [
+        _gemm(prefetch=False),
+        (triton_ops._add_rms_norm_kernel, _types("x_ptr delta_ptr weight_ptr sum_ptr out_ptr", "width") |
+         {"eps": "fp32"}, dict(BLOCK=1024)),
+        (triton_ops._silu_mul_kernel, _types("x_ptr out_ptr", "total width"), dict(BLOCK=1024)),
+        (triton_ops._rope_write_kv_kernel,
+         _types("q_ptr k_ptr v_ptr q_out_ptr kc_ptr vc_ptr qw_ptr kw_ptr", "q_heads sq_t sq_h sk_t sk_h sv_t sv_h "
+                "table_stride page_size c_page c_tok c_head", slot_ptr="i64", pos_ptr="i64", cos_ptr="fp32",
+                sin_ptr="fp32") | {"eps": "fp32"}, dict(ROTATE=True, HAS_NORM=True, HALF=64, BLOCK=64)),
+        (slot_head._slot_logits_kernel, _types("h_ptr w_ptr", "m base extra_id", slot_ptr="i64", out_ptr="fp32"),
+         dict(K=3072, WIDTH=4096, BLOCKS=64, NUM_SLOTS=7, DOT=False, IEEE=False, BLOCK_M=1, BLOCK_N=64, BLOCK_K=64)),
+        (launch_rows._decode_rows_kernel,
+         _types("", "n scratch max_generated page_size ids_stride tok_s tok_g", **rows_in, **rows_out),
+         dict(COLUMNS=1, CPS=1, WIDTH=72, WINDOW=64, C_BLOCK=1, P_BLOCK=128, W_BLOCK=64, HAS_KV_INDICES=True,
+              ABSENT=-1)),
+        (launch_rows._commit_kernel,
+         _types("", "scratch max_generated max_codes tok_stride code_stride st_s st_g codes_s", tok_in="i64",
+                codes_in="i64", kind_in="i64", write_slot="i64", gen_index="i64", num_codes="i64", tokens="i32",
+                codes="i32", num_codes_table="i64", kind_out="i32"),
+         dict(TOK_W=1, CODE_W=1, T_BLOCK=1, C_BLOCK=1, AUDIO=1, AUDIO_STOP=3)),
+        (depth_attention._depth_attention_kernel,
+         _types("q_ptr k_ptr v_ptr out_ptr kc_ptr vc_ptr qw_ptr kw_ptr", "sq_t sq_h sk_t sk_h sv_t sv_h table_stride",
+                slot_ptr="i64", pos_ptr="i64", cos_ptr="fp32", sin_ptr="fp32") | {"scale": "fp32", "eps": "fp32"},
+         dict(N=1, G=2, HKV=8, POSITIONS=17, P_PAD=32, HAS_NORM=True, HALF=64, BLOCK=64)),
+    ]
+
+
+@pytest.mark.parametrize("index", range(8))
+def test_every_participating_kernel_waits_before_it_touches_memory(index: int) -> None:
+    """The PDL contract in the compiled PTX of each kernel launched with it: griddepcontrol.wait comes before its
+    first global load, store or atomic, and the next kernel is let launch only after that wait. Compiled without
+    PDL, none of it is emitted."""
+    kernel, types, constexprs = _participants()[index]
+    ptx = _sm90_ptx(kernel, types, constexprs)
     wait = ptx.index("griddepcontrol.wait")
     assert wait < ptx.index("griddepcontrol.launch_dependents")
-    assert "prefetch.global.L2::evict_last" in ptx[:wait]
-    assert "ld.global" not in ptx[:wait]
-    assert "prefetch.global" not in _sm90_ptx(prefetch=False)
-    plain = _sm90_ptx(prefetch=False, pdl_on=False)
-    assert "griddepcontrol" not in plain and "prefetch.global" not in plain
+    for op in ("ld.global", "st.global", "atom.global", "red.global"):
+        assert op not in ptx[:wait], (kernel.__name__, op)
+    assert "griddepcontrol" not in _sm90_ptx(kernel, types, constexprs, pdl_on=False)
+
+
+def test_the_projection_prefetches_its_weights_only_ahead_of_the_wait() -> None:
+    """With VOX_PDL_PREFETCH's constexpr the small-row projection issues L2 prefetches before its wait (and still
+    no load); without it, none."""
+    ptx = _sm90_ptx(*_gemm(prefetch=True))
+    wait = ptx.index("griddepcontrol.wait")
+    assert "prefetch.global.L2::evict_last" in ptx[:wait] and "ld.global" not in ptx[:wait]
+    assert "prefetch.global" not in _sm90_ptx(*_gemm(prefetch=False))
+
+
+def test_the_participants_are_every_kernel_with_a_pdl_parameter() -> None:
+    """A kernel given the PDL constexpr is launched with PDL on Hopper: the test above must cover it."""
+    triton = pytest.importorskip("triton")
+    from vox_serve.rt import depth_attention, launch_rows, slot_head, small_gemm, triton_ops
+
+    kernels = {v for m in (depth_attention, launch_rows, slot_head, small_gemm, triton_ops) for v in vars(m).values()
+               if isinstance(v, triton.runtime.jit.JITFunction) and "PDL" in v.arg_names and v is not pdl.enter}
+    assert kernels == {k for k, _, _ in _participants()}
 
 
 def test_prefetch_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
