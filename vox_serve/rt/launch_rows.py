@@ -34,14 +34,13 @@ except Exception:  # noqa: BLE001 - no Triton: lm_batch's PyTorch path runs
 
 forced: bool | None = None  # tests: True serves CPU tensors too (through Triton's interpreter), False nothing
 ENV = "VOX_LAUNCH_ROWS"  # 0: lm_batch's PyTorch code on GPUs too (A/B measurements)
+SAMPLED = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "allow_stop")
 
 
 def _on(t: Tensor) -> bool:
     if forced is not None:
         return forced
     return triton_ops.enabled(t) and os.environ.get(ENV, "1") != "0"
-
-SAMPLED = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "allow_stop")
 
 
 @dataclass
@@ -109,14 +108,14 @@ def commit(batch, sample) -> bool:  # noqa: ANN001 - an lm_batch.LmBatch and its
     """Write the rows' samples into the slot tables and their kinds into the step's outputs, as LmBatch.commit
     does; False (nothing written) where the kernel does not serve."""
     st, n = batch.state, batch.num_seqs
-    tokens, codes = sample.tokens, sample.codes
+    tokens, codes, kind = sample.tokens.contiguous(), sample.codes.contiguous(), sample.kind.contiguous()
     if triton is None or not _on(st.tokens) or (st.latents is not None and sample.latents is not None):
         return False
     if tokens.shape != (n, st.tokens.shape[2]) or codes.dim() != 2 or codes.shape[0] != n:
         return False  # (shapes the PyTorch path broadcasts)
     if n:
         _commit_kernel[(n,)](
-            tokens, codes, sample.kind, batch.write_slot, batch.gen_index, batch.num_codes, st.tokens, st.codes,
+            tokens, codes, kind, batch.write_slot, batch.gen_index, batch.num_codes, st.tokens, st.codes,
             st.num_codes, batch.kind_out, st.scratch, st.max_generated, st.max_codes, tokens.stride(0),
             codes.stride(0), st.tokens.stride(0), st.tokens.stride(1), st.codes.stride(0),
             TOK_W=tokens.shape[1], CODE_W=codes.shape[1], T_BLOCK=triton.next_power_of_2(tokens.shape[1]),
