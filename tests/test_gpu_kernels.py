@@ -7,7 +7,13 @@ import pytest
 import torch
 from decoder_stack_helpers import relative_errors, stack_outputs
 from sampling_helpers import random_case, to_cuda
-from triton_checks.check_ops import check_commit_rows, check_decode_rows, check_depth_attention, check_small_gemm
+from triton_checks.check_ops import (
+    check_commit_rows,
+    check_decode_rows,
+    check_depth_attention,
+    check_orpheus_step,
+    check_small_gemm,
+)
 
 from vox_serve.layers.rope import RotaryEmbedding
 from vox_serve.rt import codec_kernels, kernels, small_gemm, triton_ops
@@ -174,6 +180,7 @@ def test_decode_rows_match_the_reference() -> None:
     """rt.launch_rows' kernels compiled against lm_batch's PyTorch code on the GPU, as the interpreter checks do."""
     check_decode_rows("cuda")
     check_commit_rows("cuda")
+    check_orpheus_step("cuda")
 
 
 def test_small_row_projections_match_the_reference() -> None:

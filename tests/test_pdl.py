@@ -63,6 +63,8 @@ def _gemm(prefetch: bool) -> tuple:
 
 def _participants() -> list[tuple]:
     """Every kernel of the step launched with PDL, with parameter types and constexprs to compile it."""
+    from vox_serve.core.request import OutKind
+    from vox_serve.models.orpheus import step_kernels
     from vox_serve.rt import depth_attention, launch_rows, slot_head, triton_ops
 
     rows_in = dict(slot_in="i32", pos_in="i32", ids_in="i32", kv_indptr="i32", prompt_len="i64", rep_window="i64",
@@ -92,7 +94,14 @@ def _participants() -> list[tuple]:
          _types("", "scratch max_generated max_codes tok_stride code_stride st_s st_g codes_s", tok_in="i64",
                 codes_in="i64", kind_in="i64", write_slot="i64", gen_index="i64", num_codes="i64", tokens="i32",
                 codes="i32", num_codes_table="i64", kind_out="i32"),
-         dict(TOK_W=1, CODE_W=1, T_BLOCK=1, C_BLOCK=1, AUDIO=1, AUDIO_STOP=3)),
+         dict(TOK_W=1, CODE_W=1, T_BLOCK=1, C_BLOCK=1, AUDIO=int(OutKind.AUDIO), AUDIO_STOP=int(OutKind.AUDIO_STOP))),
+        (step_kernels._constrain_kernel, _types("", "row_stride", logits="fp32", history="i64", slot_ptr="i64",
+                                                allow_stop="i1", local_out="i64"),
+         dict(W=64, W_BLOCK=64, AUDIO_START=128266, CODES=4096, STOP=128258)),
+        (step_kernels._emit_kernel, _types("", "n", cand_ptr="i64", slot_ptr="i64", token_out="i64", code_out="i64",
+                                           kind_out="i64"),
+         dict(AUDIO_START=128266, CODES=4096, STOP=128258, STOP_KIND=int(OutKind.STOP), AUDIO=int(OutKind.AUDIO),
+              OTHER=int(OutKind.OTHER), BLOCK=256)),
         (depth_attention._depth_attention_kernel,
          _types("q_ptr k_ptr v_ptr out_ptr kc_ptr vc_ptr qw_ptr kw_ptr", "sq_t sq_h sk_t sk_h sv_t sv_h table_stride",
                 slot_ptr="i64", pos_ptr="i64", cos_ptr="fp32", sin_ptr="fp32") | {"scale": "fp32", "eps": "fp32"},
@@ -100,7 +109,7 @@ def _participants() -> list[tuple]:
     ]
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(10))
 def test_every_participating_kernel_waits_before_it_touches_memory(index: int) -> None:
     """The PDL contract in the compiled PTX of each kernel launched with it: griddepcontrol.wait comes before its
     first global load, store or atomic, and the next kernel is let launch only after that wait. Compiled without
@@ -126,9 +135,11 @@ def test_the_projection_prefetches_its_weights_only_ahead_of_the_wait() -> None:
 def test_the_participants_are_every_kernel_with_a_pdl_parameter() -> None:
     """A kernel given the PDL constexpr is launched with PDL on Hopper: the test above must cover it."""
     triton = pytest.importorskip("triton")
+    from vox_serve.models.orpheus import step_kernels
     from vox_serve.rt import depth_attention, launch_rows, slot_head, small_gemm, triton_ops
 
-    kernels = {v for m in (depth_attention, launch_rows, slot_head, small_gemm, triton_ops) for v in vars(m).values()
+    modules = (depth_attention, launch_rows, slot_head, small_gemm, triton_ops, step_kernels)
+    kernels = {v for m in modules for v in vars(m).values()
                if isinstance(v, triton.runtime.jit.JITFunction) and "PDL" in v.arg_names and v is not pdl.enter}
     assert kernels == {k for k, _, _ in _participants()}
 

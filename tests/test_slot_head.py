@@ -110,12 +110,13 @@ def check_kernel(device: str = "cpu") -> None:
 
 
 def check_orpheus(device: str = "cpu") -> None:
-    """OrpheusProgram._sample_constrained with the kernel forced draws the same tokens as its PyTorch path:
+    """OrpheusProgram._draw_constrained with the kernel forced draws the same candidates as its PyTorch path:
     rows at slots 0, 3 and 6 (the others absent), histories holding in-slot ids, other slots' ids and the stop
     id, stop allowed or not, sampled (temperature, top-p, repetition penalty) and greedy rows; bfloat16 and
     float32 weights (bfloat16 in the interpreter: the logits themselves equal too; on a GPU cuBLAS sums in another
     order, so a logit may round to the neighbouring bfloat16 value)."""
     from vox_serve.models.orpheus import program as orpheus
+    from vox_serve.models.orpheus import step_kernels
     from vox_serve.rt import kernels, slot_head
 
     gen = torch.Generator().manual_seed(5)
@@ -158,7 +159,7 @@ def check_orpheus(device: str = "cpu") -> None:
             for config in (None, slot_head.BlockConfig(64, 32, dot=False)):
                 slot_head.forced = None if config is None else (lambda mm, kk, dt, c=config: c)
                 os.environ["VOX_SLOT_HEAD"] = "0" if config is None else "1"  # on a GPU: the PyTorch path first
-                tokens.append(orpheus.OrpheusProgram._sample_constrained(stub, hidden, b, slot).cpu())
+                tokens.append(orpheus.OrpheusProgram._draw_constrained(stub, hidden, b, slot).cpu())
             slot_head.forced = None
             os.environ.pop("VOX_SLOT_HEAD")
             assert served[-2:] == [False, True], served  # the PyTorch path, then the kernel
@@ -168,8 +169,9 @@ def check_orpheus(device: str = "cpu") -> None:
             if dtype == torch.bfloat16 and device == "cpu":
                 assert torch.equal(plain, fused)
             assert torch.equal(tokens[0], tokens[1]), (dtype, tokens)
-            audio = tokens[0] != orpheus.STOP_ID
-            code = tokens[0] - base.cpu()
+            token = step_kernels.emit_reference(tokens[0], slot.cpu())[0]
+            audio = token != orpheus.STOP_ID
+            code = token - base.cpu()
             assert ((code[audio] >= 0) & (code[audio] < orpheus.CODES_PER_SLOT)).all()
     finally:
         kernels.sample, slot_head.slot_logits = real_sample, real_slot_logits

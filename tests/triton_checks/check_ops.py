@@ -480,6 +480,43 @@ def check_commit_rows(device: str = "cpu") -> None:
             assert torch.equal(got, want), (n, name)
 
 
+def check_orpheus_step(device: str = "cpu") -> None:
+    """models/orpheus/step_kernels against their PyTorch forms: the mapped repetition window equal, the stop logit
+    set to -inf exactly where the reference's mask disallows it, the same draws without the mask as with it, and
+    the emitted tokens, codes and kinds equal (candidates at the stop, codes of every slot)."""
+    from vox_serve.models.orpheus import step_kernels as sk
+    from vox_serve.rt import kernels
+
+    gen = torch.Generator().manual_seed(7)
+    for n, width in ((1, 64), (9, 64), (5, 0)):
+        slot = torch.randint(0, 7, (n,), generator=gen)
+        slot[0] = 0
+        history = sk.AUDIO_START + torch.randint(-40, 7 * sk.CODES_PER_SLOT + 40, (n, width), generator=gen)
+        history[torch.rand(n, width, generator=gen) < 0.2] = -1
+        history[torch.rand(n, width, generator=gen) < 0.1] = sk.STOP_ID
+        allow_stop = torch.rand(n, generator=gen) < 0.6
+        logits = torch.randn(n, sk.CODES_PER_SLOT + 1, generator=gen) * 3
+        logits[:, -1] += 4  # a likely stop, so a wrong mask shows in the draws
+        params = kernels.SamplingTensors.filled(n, temperature=0.8, top_p=0.9, repetition_penalty=1.3)
+        params.seed = torch.randint(0, 2**40, (n,), generator=gen)
+        params.temperature[::4] = 0.0
+        ref_local, allowed = sk.constrain_reference(history, slot, allow_stop)
+        want = kernels.sample(logits, params, ref_local, allowed)
+        got_logits = logits.clone().to(device)
+        sk.forced = True
+        try:
+            local = sk.constrain(got_logits, history.to(device), slot.to(device), allow_stop.to(device))
+            cand = torch.randint(0, sk.CODES_PER_SLOT + 1, (n,), generator=gen)
+            cand[::3] = sk.CODES_PER_SLOT
+            emitted = sk.emit(cand.to(device), slot.to(device))
+        finally:
+            sk.forced = None
+        assert torch.equal(local.cpu(), ref_local), n
+        assert torch.equal(got_logits.cpu(), torch.where(allowed, logits, float("-inf"))), n
+        assert torch.equal(kernels.sample(got_logits.cpu(), params, local.cpu(), None), want), n
+        for got_t, want_t in zip(emitted, sk.emit_reference(cand, slot), strict=True):
+            assert got_t.dtype == want_t.dtype and torch.equal(got_t.cpu(), want_t), n
+
 def _decode_source(n: int, window: int, with_pages: bool, device: str):  # noqa: ANN202 - an lm_batch.LaunchSource
     """A launch source of n decode rows over random slot tables (the same for the same arguments)."""
     from vox_serve.core.meta import EngineLimits, ProgramMeta, StopRule

@@ -14,17 +14,16 @@ import torch
 
 from vox_serve.codecs.snac import SnacDecoder, orpheus_frames_to_codes
 from vox_serve.core.meta import ProgramMeta, StopRule
-from vox_serve.core.request import OutKind, Prompt
+from vox_serve.core.request import Prompt
 from vox_serve.layers.llama import LlamaConfig, LlamaForCausalLM
+from vox_serve.models.orpheus import step_kernels
+from vox_serve.models.orpheus.step_kernels import AUDIO_START, CODES_PER_SLOT, STOP_ID
 from vox_serve.rt import kernels, slot_head
 from vox_serve.rt.codec_window import CodecWindow
 from vox_serve.rt.lm_batch import LmBatch, LmSample
 from vox_serve.rt.program import Program
 
-AUDIO_START = 128266
-CODES_PER_SLOT = 4096
 SLOTS_PER_FRAME = 7
-STOP_ID = 128258
 PROMPT_START = [128259]
 PROMPT_END = [128009, 128260, 128261, 128257]
 VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
@@ -82,12 +81,14 @@ class OrpheusProgram(Program):
         hidden = self.lm(b.ids[:, 0], b.positions, self.attention, b.attention)
         last = hidden[b.logits_index]
         slot = b.num_codes % SLOTS_PER_FRAME  # the token's place in its frame
-        token = self._sample_constrained(last, b, slot) if self.constrain_audio else self._sample_full(last, b)
-        code = token - (AUDIO_START + CODES_PER_SLOT * slot)
-        is_audio = (code >= 0) & (code < CODES_PER_SLOT)
-        kind = torch.where(token == STOP_ID, int(OutKind.STOP),
-                           torch.where(is_audio, int(OutKind.AUDIO), int(OutKind.OTHER)))
-        return LmSample(tokens=token[:, None], codes=torch.where(is_audio, code, 0)[:, None], kind=kind)
+        if self.constrain_audio:
+            cand = self._draw_constrained(last, b, slot)
+            fused = step_kernels.emit(cand, slot)
+            token, code, kind = fused if fused is not None else step_kernels.emit_reference(cand, slot)
+        else:
+            token = self._sample_full(last, b)
+            code, kind = step_kernels.code_and_kind(token, slot)
+        return LmSample(tokens=token[:, None], codes=code[:, None], kind=kind)
 
     def _sample_full(self, hidden: torch.Tensor, b: LmBatch) -> torch.Tensor:
         logits = self.lm.logits(hidden)
@@ -95,8 +96,8 @@ class OrpheusProgram(Program):
         allowed[:, STOP_ID] = b.allow_stop
         return kernels.sample(logits, b.sampling, b.history, allowed)
 
-    def _sample_constrained(self, hidden: torch.Tensor, b: LmBatch, slot: torch.Tensor) -> torch.Tensor:
-        """Logits over [the row's slot's 4096 ids, stop]: candidate c < 4096 is id base + c."""
+    def _draw_constrained(self, hidden: torch.Tensor, b: LmBatch, slot: torch.Tensor) -> torch.Tensor:
+        """A candidate per row over [the row's slot's 4096 ids, stop]: candidate c < 4096 is id base + c."""
         n = hidden.shape[0]
         w = self.lm.lm_head.weight
         # Few rows: one kernel reading only the slots present (rt.slot_head); else all 7 slots' product.
@@ -107,15 +108,11 @@ class OrpheusProgram(Program):
             audio = audio.gather(1, slot.view(n, 1, 1).expand(n, 1, CODES_PER_SLOT)).squeeze(1)
             stop = (hidden @ w[STOP_ID]).float().unsqueeze(1)
             logits = torch.cat([audio, stop], dim=1)
-        base = (AUDIO_START + CODES_PER_SLOT * slot).unsqueeze(1)
-        hist = b.history
-        local = hist - base
-        in_slot = (hist >= 0) & (local >= 0) & (local < CODES_PER_SLOT)
-        local = torch.where(hist == STOP_ID, CODES_PER_SLOT, torch.where(in_slot, local, -1))
-        allowed = torch.ones_like(logits, dtype=torch.bool)
-        allowed[:, CODES_PER_SLOT] = b.allow_stop & (slot == 0)
-        cand = kernels.sample(logits, b.sampling, local, allowed)
-        return torch.where(cand == CODES_PER_SLOT, STOP_ID, base.squeeze(1) + cand)
+        local = step_kernels.constrain(logits, b.history, slot, b.allow_stop)  # (then no mask: see there)
+        if local is not None:
+            return kernels.sample(logits, b.sampling, local, None)
+        local, allowed = step_kernels.constrain_reference(b.history, slot, b.allow_stop)
+        return kernels.sample(logits, b.sampling, local, allowed)
 
     # ---- codec ---------------------------------------------------------------------------
     def decode_audio(self, window: CodecWindow, frames: int) -> torch.Tensor:
