@@ -1,7 +1,11 @@
-"""rt.pdl's switch on the CPU: the setting is parsed strictly and nothing but a CUDA tensor's launch takes part
-(the GPU tier, tests/test_gpu_kernels.py, checks the launches themselves inside a CUDA graph)."""
+"""rt.pdl on the CPU: the setting is parsed strictly, nothing but a CUDA tensor's launch takes part, and every
+participating kernel's sm_90 PTX keeps the contract (the GPU tier, tests/test_gpu_kernels.py, checks the launches
+themselves inside a CUDA graph)."""
 
 from __future__ import annotations
+
+import importlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -133,12 +137,14 @@ def test_the_projection_prefetches_its_weights_only_ahead_of_the_wait() -> None:
 
 
 def test_the_participants_are_every_kernel_with_a_pdl_parameter() -> None:
-    """A kernel given the PDL constexpr is launched with PDL on Hopper: the test above must cover it."""
+    """A kernel given the PDL constexpr is launched with PDL on Hopper: the test above must cover it. The modules
+    searched are every one of the package that calls pdl.enter."""
     triton = pytest.importorskip("triton")
-    from vox_serve.models.orpheus import step_kernels
-    from vox_serve.rt import depth_attention, launch_rows, slot_head, small_gemm, triton_ops
-
-    modules = (depth_attention, launch_rows, slot_head, small_gemm, triton_ops, step_kernels)
+    package = Path(pdl.__file__).resolve().parents[1]
+    names = sorted(".".join(("vox_serve", *f.relative_to(package).with_suffix("").parts))
+                   for f in package.rglob("*.py") if "pdl.enter(" in f.read_text())
+    assert len(names) >= 6, names
+    modules = [importlib.import_module(name) for name in names]
     kernels = {v for m in modules for v in vars(m).values()
                if isinstance(v, triton.runtime.jit.JITFunction) and "PDL" in v.arg_names and v is not pdl.enter}
     assert kernels == {k for k, _, _ in _participants()}

@@ -16,7 +16,6 @@ interpreter on the CPU (`forced`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -38,37 +37,33 @@ SAMPLED = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed
 
 
 def _on(t: Tensor) -> bool:
-    if forced is not None:
-        return forced
-    return triton_ops.enabled(t) and os.environ.get(ENV, "1") != "0"
+    return triton_ops.switched_on(t, forced, ENV, default_on=True)
 
 
 @dataclass
-class DecodeRows:
-    """The per-row tensors of a decode launch of n rows (dtypes as lm_batch's PyTorch path gives them)."""
+class LaunchRows:
+    """The per-row (n rows) and per-token (T attention tokens) tensors an LmBatch is made of, as lm_batch's
+    PyTorch path derives them for any launch and `decode_rows` for a decode launch (T = n)."""
 
     slot: Tensor  # [n] int64 table rows (scratch for padding)
-    positions: Tensor  # [n] int64
+    positions: Tensor  # [T] int64
     kv_len: Tensor  # [n] int32
-    qo_indptr: Tensor  # [n + 1] int32: 0..n
+    qo_indptr: Tensor  # [n + 1] int32
     gen_index: Tensor  # [n] int64
-    ids: Tensor  # [n, input_columns] int64
+    ids: Tensor  # [T, input_columns] int64
     page_rows: Tensor  # [n, max_pages_per_seq] int32
-    slot_mapping: Tensor  # [n] int64
-    logits_index: Tensor  # [n] int64: 0..n-1
+    slot_mapping: Tensor  # [T] int64
+    logits_index: Tensor  # [n] int64
     num_codes: Tensor  # [n] int64
     history: Tensor  # [n, repetition_window] int64
     sampled: dict[str, Tensor]  # SAMPLED fields gathered at the rows' slots
 
 
 def serves(src) -> bool:  # noqa: ANN001 - an lm_batch.LaunchSource (imported there, not here)
-    st = src.state
-    if triton is None or st.kv_streams != 1:
-        return False
-    return _on(st.page_table)
+    return src.state.kv_streams == 1 and _on(src.state.page_table)
 
 
-def decode_rows(src, n: int) -> DecodeRows | None:  # noqa: ANN001 - an lm_batch.LaunchSource
+def decode_rows(src, n: int) -> LaunchRows | None:  # noqa: ANN001 - an lm_batch.LaunchSource
     """The decode launch of n rows (one token each), or None where the kernel does not serve."""
     if not serves(src):
         return None
@@ -77,7 +72,7 @@ def decode_rows(src, n: int) -> DecodeRows | None:  # noqa: ANN001 - an lm_batch
     host_ids = a["decode_ids"][:n]
     columns, width, window = host_ids.shape[1], st.page_table.shape[1], src.repetition_window
     i64, i32 = dict(dtype=torch.int64, device=dev), dict(dtype=torch.int32, device=dev)
-    out = DecodeRows(
+    out = LaunchRows(
         slot=torch.empty(n, **i64), positions=torch.empty(n, **i64),
         kv_len=torch.empty(n, **i32), qo_indptr=torch.empty(n + 1, **i32),
         gen_index=torch.empty(n, **i64), ids=torch.empty(n, columns, **i64),
@@ -108,9 +103,9 @@ def commit(batch, sample) -> bool:  # noqa: ANN001 - an lm_batch.LmBatch and its
     """Write the rows' samples into the slot tables and their kinds into the step's outputs, as LmBatch.commit
     does; False (nothing written) where the kernel does not serve."""
     st, n = batch.state, batch.num_seqs
-    tokens, codes, kind = sample.tokens.contiguous(), sample.codes.contiguous(), sample.kind.contiguous()
-    if triton is None or not _on(st.tokens) or (st.latents is not None and sample.latents is not None):
+    if not _on(st.tokens) or (st.latents is not None and sample.latents is not None):
         return False
+    tokens, codes, kind = sample.tokens.contiguous(), sample.codes.contiguous(), sample.kind.contiguous()
     if tokens.shape != (n, st.tokens.shape[2]) or codes.dim() != 2 or codes.shape[0] != n:
         return False  # (shapes the PyTorch path broadcasts)
     if n:

@@ -142,7 +142,7 @@ def decode_batch(src: LaunchSource, n: int) -> LmBatch:
     """The decode launch of `n` rows (one token each)."""
     fused = launch_rows.decode_rows(src, n)
     if fused is not None:
-        return _fused_decode_batch(src, n, fused)
+        return _assemble(src, "decode", fused, write_slot=fused.slot, num_tokens=n)
     st, a = src.state, src.step_in.dev
     slot = st.slots(a["decode_slot"][:n])
     pos = a["decode_pos"][:n].long()
@@ -151,26 +151,6 @@ def decode_batch(src: LaunchSource, n: int) -> LmBatch:
     gen_index = pos + 1 - st["prompt_len"][slot]
     return _batch(src, "decode", n, n, slot, slot, pos, a["decode_ids"][:n], kv_len, qo_indptr,
                   torch.ones(n, dtype=torch.bool, device=pos.device), gen_index, torch.arange(n, device=pos.device))
-
-
-def _fused_decode_batch(src: LaunchSource, n: int, r: launch_rows.DecodeRows) -> LmBatch:
-    """decode_batch from the one-kernel derivation (rt/launch_rows.py): the same tensors."""
-    st, h = src.state, src.step_in.host
-    attention = AttentionBuffers(
-        page_table=r.page_rows, kv_lens=r.kv_len, qo_indptr=r.qo_indptr, slot_mapping=r.slot_mapping,
-        kv_indices=src.kv_indices, kv_indptr_host=h["decode_kv_indptr"], qo_indptr_host=h.get("decode_qo_indptr"),
-        kv_last_page_len_host=h["decode_last_page_len"],
-    )
-    s = r.sampled
-    sampling = SamplingTensors(
-        temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], min_p=s["min_p"],
-        repetition_penalty=s["repetition_penalty"], seed=s["seed"], offset=r.gen_index,
-    )
-    return LmBatch(
-        state=st, num_tokens=n, num_seqs=n, ids=r.ids, positions=r.positions, attention=attention, slot=r.slot,
-        write_slot=r.slot, gen_index=r.gen_index, num_codes=r.num_codes, logits_index=r.logits_index,
-        sampling=sampling, history=r.history, allow_stop=s["allow_stop"], kind_out=src.step_out.dev["decode_kind"],
-    )
 
 
 def prefill_batch(src: LaunchSource, num_tokens: int, num_seqs: int) -> LmBatch:
@@ -229,7 +209,7 @@ class _Streams:
 def _batch(src: LaunchSource, stage: str, num_tokens: int, n: int, slot: Tensor, tok_slot: Tensor, pos: Tensor,
            host_ids: Tensor, kv_len: Tensor, qo_indptr: Tensor, sample: Tensor, gen_index: Tensor,
            logits_index: Tensor) -> LmBatch:
-    st, a, h = src.state, src.step_in.dev, src.step_in.host
+    st, a = src.state, src.step_in.dev
     ps, k = src.page_size, st.kv_streams
     ids = _resolve_ids(st, host_ids, tok_slot, pos)
     page_rows = st.page_table[slot]
@@ -247,20 +227,32 @@ def _batch(src: LaunchSource, stage: str, num_tokens: int, n: int, slot: Tensor,
     kv_indptr = a[f"{stage}_kv_indptr"][: k * n + 1]
     if src.kv_indices is not None:
         _kv_indices(page_rows, kv_indptr, src.kv_indices)
+    rows = launch_rows.LaunchRows(
+        slot=slot, positions=pos, kv_len=kv_len, qo_indptr=qo_indptr, gen_index=gen_index, ids=ids,
+        page_rows=page_rows, slot_mapping=page * ps + pos % ps, logits_index=logits_index,
+        num_codes=st.num_codes[slot], history=_history(st, slot, gen_index, src.repetition_window),
+        sampled={name: st[name][slot] for name in launch_rows.SAMPLED},
+    )
+    return _assemble(src, stage, rows, write_slot=torch.where(sample, slot, st.scratch), num_tokens=num_tokens)
+
+
+def _assemble(src: LaunchSource, stage: str, r: launch_rows.LaunchRows, *, write_slot: Tensor,
+              num_tokens: int) -> LmBatch:
+    """The LmBatch of a launch's row and token tensors (either derivation) and the stage's host CSR views."""
+    st, h = src.state, src.step_in.host
     attention = AttentionBuffers(
-        page_table=page_rows, kv_lens=kv_len, qo_indptr=qo_indptr, slot_mapping=page * ps + pos % ps,
+        page_table=r.page_rows, kv_lens=r.kv_len, qo_indptr=r.qo_indptr, slot_mapping=r.slot_mapping,
         kv_indices=src.kv_indices, kv_indptr_host=h[f"{stage}_kv_indptr"], qo_indptr_host=h.get(f"{stage}_qo_indptr"),
         kv_last_page_len_host=h[f"{stage}_last_page_len"],
     )
-    write_slot = torch.where(sample, slot, st.scratch)
+    s = r.sampled
     sampling = SamplingTensors(
-        temperature=st["temperature"][slot], top_k=st["top_k"][slot], top_p=st["top_p"][slot],
-        min_p=st["min_p"][slot], repetition_penalty=st["repetition_penalty"][slot], seed=st["seed"][slot],
-        offset=gen_index,
+        temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], min_p=s["min_p"],
+        repetition_penalty=s["repetition_penalty"], seed=s["seed"], offset=r.gen_index,
     )
     return LmBatch(
-        state=st, num_tokens=num_tokens, num_seqs=n, ids=ids, positions=pos,
-        attention=attention, slot=slot, write_slot=write_slot, gen_index=gen_index, num_codes=st.num_codes[slot],
-        logits_index=logits_index, sampling=sampling, history=_history(st, slot, gen_index, src.repetition_window),
-        allow_stop=st["allow_stop"][slot], kind_out=src.step_out.dev[f"{stage}_kind"], kv_streams=k,
+        state=st, num_tokens=num_tokens, num_seqs=r.slot.shape[0], ids=r.ids, positions=r.positions,
+        attention=attention, slot=r.slot, write_slot=write_slot, gen_index=r.gen_index, num_codes=r.num_codes,
+        logits_index=r.logits_index, sampling=sampling, history=r.history, allow_stop=s["allow_stop"],
+        kind_out=src.step_out.dev[f"{stage}_kind"], kv_streams=st.kv_streams,
     )

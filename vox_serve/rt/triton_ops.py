@@ -20,6 +20,8 @@ Tests run these kernels on the CPU through Triton's interpreter (TRITON_INTERPRE
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -40,6 +42,19 @@ def enabled(t: Tensor) -> bool:
 
     (Tests call the kernels directly on CPU tensors under TRITON_INTERPRET=1.)"""
     return triton is not None and t.is_cuda
+
+
+def switched_on(t: Tensor, forced: bool | None, env: str, default_on: bool) -> bool:
+    """Whether an optional fused kernel serves tensors like `t`: `forced` where a test sets it (True: any tensor,
+    CPU ones through Triton's interpreter; False: none), else `enabled(t)` with the switch `env` on (unset: as
+    `default_on` says; set, on unless "0" for a kernel on by default, only at "1" for one off by default)."""
+    if triton is None:
+        return False
+    if forced is not None:
+        return forced
+    value = os.environ.get(env)
+    on = default_on if value is None else (value != "0" if default_on else value == "1")
+    return on and enabled(t)
 
 
 if triton is not None:

@@ -17,8 +17,6 @@ Tests run the kernels through Triton's interpreter (`forced`).
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
@@ -39,11 +37,7 @@ forced: bool | None = None  # tests: True runs the kernels on any tensors (CPU o
 
 
 def _on(t: Tensor) -> bool:
-    if triton is None:
-        return False
-    if forced is not None:
-        return forced
-    return triton_ops.enabled(t) and os.environ.get(ENV, "0") == "1"
+    return triton_ops.switched_on(t, forced, ENV, default_on=False)
 
 
 def constrain_reference(history: Tensor, slot: Tensor, allow_stop: Tensor) -> tuple[Tensor, Tensor]:
