@@ -180,6 +180,10 @@ def test_decode_rows_match_the_reference() -> None:
     """rt.launch_rows' kernels compiled against lm_batch's PyTorch code on the GPU, as the interpreter checks do."""
     check_decode_rows("cuda")
     check_commit_rows("cuda")
+
+
+def test_orpheus_step_kernels_match_the_reference() -> None:
+    """models/orpheus/step_kernels compiled against their PyTorch forms on the GPU, as the interpreter check does."""
     check_orpheus_step("cuda")
 
 
