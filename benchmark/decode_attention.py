@@ -1,5 +1,6 @@
 """Device time of one decode-attention launch: a candidate planless Triton kernel (below) against FlashInfer's
-graph-mode decode (CUDA-core and tensor-core kernels), per batch bucket and KV length.
+graph-mode decode (CUDA-core and tensor-core kernels, the latter also planned without split KV), per batch bucket
+and KV length.
 
     python benchmark/decode_attention.py [--rows 1,2,4,8,16,32,64] [--kv 256,1024,2048] [--geometry orpheus,qwen3]
 
@@ -228,7 +229,10 @@ PAGE, DIM = 16, 128
 MAX_TOKENS = 1 << 17  # rows x KV length per case (the caches of every layer must fit)
 
 
-def flashinfer_decode(tensor_cores: bool, rows: int, table: torch.Tensor, kv_len: int, hq: int, hkv: int):
+def flashinfer_decode(tensor_cores: bool, rows: int, table: torch.Tensor, kv_len: int, hq: int, hkv: int,
+                      split: bool = True):
+    """FlashInfer's graph-mode decode planned for the case; `split=False` (tensor cores only) plans it with
+    disable_split_kv: one kernel, no merge."""
     import flashinfer
 
     pages = table.shape[1]
@@ -241,7 +245,8 @@ def flashinfer_decode(tensor_cores: bool, rows: int, table: torch.Tensor, kv_len
     indptr = torch.arange(rows + 1, dtype=torch.int32) * pages
     last = torch.full((rows,), kv_len - (pages - 1) * PAGE, dtype=torch.int32)
     wrapper.plan(indptr, table.flatten(), last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=DIM, page_size=PAGE,
-                 q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=DIM ** -0.5)
+                 q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=DIM ** -0.5,
+                 **({} if split else {"disable_split_kv": True}))
     return wrapper
 
 
@@ -264,8 +269,9 @@ def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: in
 
     out["triton"] = graph_us(triton_call, layers)
     got = decode_attention(q, caches[0], table, kv_lens, DIM ** -0.5, ws, config)
-    for name, tc in (("flashinfer", False), ("flashinfer_tc", True)):
-        wrapper = flashinfer_decode(tc, rows, table, kv_len, hq, hkv)
+    for name, tc, split in (("flashinfer", False, True), ("flashinfer_tc", True, True),
+                            ("flashinfer_tc_nosplit", True, False)):
+        wrapper = flashinfer_decode(tc, rows, table, kv_len, hq, hkv, split)
         out[name] = graph_us(lambda w=wrapper: w.run(q, caches[next(layer) % layers]), layers)
         ref = wrapper.run(q, caches[0])
         out[f"err_{name}"] = (got.float() - ref.float()).abs().max().item()
@@ -292,7 +298,8 @@ def main() -> None:
                 r = case(geometry, rows, kv_len, config, args.programs_per_sm)
                 best = min(r["flashinfer"], r["flashinfer_tc"])
                 print(f"{geometry:8s} kv {kv_len:5d} rows {rows:3d}: triton {r['triton']:7.2f} us, flashinfer "
-                      f"{r['flashinfer']:7.2f} us, tensor cores {r['flashinfer_tc']:7.2f} us "
+                      f"{r['flashinfer']:7.2f} us, tensor cores {r['flashinfer_tc']:7.2f} us, unsplit "
+                      f"{r['flashinfer_tc_nosplit']:7.2f} us "
                       f"(x{best / r['triton']:.2f}; max diff {r['err_flashinfer']:.1e})", flush=True)
                 torch.cuda.empty_cache()
 

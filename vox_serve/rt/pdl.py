@@ -13,10 +13,11 @@ first load or store, and `**pdl.launch_options(t)` in its launch. Kernels from e
 PyTorch) need nothing: a kernel after them waits for their completion as before.
 
 A kernel whose programs read inputs no earlier kernel writes (a projection's weights) can also ask for them
-before it waits: `prefetch_l2(ptrs)` issues L2 prefetches (PTX prefetch.global.L2::evict_last) for those lines,
-so the weights stream in while the kernel before it finishes and the loads after `enter()` hit L2. That is
-`VOX_PDL_PREFETCH=1` (with PDL on; off by default until measured on a GPU), for weights of up to
-PREFETCH_MAX_BYTES (the L2 has to hold them until they are read).
+before it waits: `prefetch_l2(ptrs)` issues L2 prefetches (PTX prefetch.global.L2) for those lines, so the first
+loads after `enter()` hit L2 instead of waiting for HBM. That is `VOX_PDL_PREFETCH=1` (with PDL on, off by
+default): the small-row projection prefetches the part of its weight rows its first pipeline stages load. The
+first form prefetched whole weight slices (up to 24 MB) with evict_last and lost on an H200
+(benchmark/results/h200-2026-12-03d: the Qwen3-TTS frame 3.690 -> 3.947 ms at 1 row, Orpheus 2.181 -> 2.245).
 
 `VOX_PDL`: auto (the default: on where it applies, a CUDA device of compute capability >= 9.0 and a Triton
 with griddepcontrol), 0 (off, for A/B measurements) or 1 (on; refused where it does not apply). Measured on an
@@ -41,7 +42,6 @@ except Exception:  # noqa: BLE001 - no Triton, or one without griddepcontrol: la
 
 ENV = "VOX_PDL"
 PREFETCH_ENV = "VOX_PDL_PREFETCH"
-PREFETCH_MAX_BYTES = 24 << 20  # about half an H100/H200 L2
 LINE_BYTES = 128
 MIN_CAPABILITY = (9, 0)
 
@@ -70,11 +70,9 @@ def enabled(t: Tensor) -> bool:
     return supported
 
 
-def prefetches(t: Tensor, weight: Tensor) -> bool:
-    """Whether a participating kernel on t's device prefetches `weight` before it waits (see the docstring)."""
-    if os.environ.get(PREFETCH_ENV, "0") != "1" or not enabled(t):
-        return False
-    return weight.numel() * weight.element_size() <= PREFETCH_MAX_BYTES
+def prefetches(t: Tensor) -> bool:
+    """Whether a participating kernel on t's device prefetches its first weight lines before it waits."""
+    return os.environ.get(PREFETCH_ENV, "0") == "1" and enabled(t)
 
 
 def launch_options(t: Tensor) -> dict[str, bool]:
@@ -87,8 +85,8 @@ if triton is not None:
 
     @triton.jit
     def prefetch_l2(ptrs):
-        """L2 prefetches of the lines at `ptrs` (any shape of pointers), evicted last; no result."""
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs],
+        """L2 prefetches of the lines at `ptrs` (any shape of pointers); no result."""
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs],
                                   dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit

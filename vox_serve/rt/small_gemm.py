@@ -195,8 +195,9 @@ def _launch(config: BlockConfig, x: Tensor, delta: Tensor | None, norm_weight: T
         x, delta, norm_weight if norm_weight is not None else x, total, weight, bias if bias is not None else x,
         out, m, n, eps, K=k, HAS_DELTA=total is not x, NORM=norm_weight is not None, GATED=gated, GATED_IN=gated_in,
         HAS_BIAS=bias is not None, DOT=config.dot, UNROLL=config.unroll, BLOCK_M=block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, PREFETCH=pdl.prefetches(x, weight), LINE=line,
-        LINES=triton.next_power_of_2(triton.cdiv(k, line)), num_warps=config.warps, num_stages=config.stages,
+        BLOCK_K=config.block_k, PREFETCH=pdl.prefetches(x), LINE=line,
+        LINES=triton.next_power_of_2(triton.cdiv(min(k, config.block_k * config.stages), line)),
+        num_warps=config.warps, num_stages=config.stages,
         **pdl.launch_options(x))
     return total, out
 
@@ -222,7 +223,8 @@ if triton is not None:
     @triton.jit
     def _prefetch_rows(w_ptr, pid, N, K: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
                        LINE: tl.constexpr, LINES: tl.constexpr):
-        """L2 prefetches of column block pid's weight rows (and, GATED, the up half's at + N): one per line."""
+        """L2 prefetches of column block pid's weight rows (and, GATED, the up half's at + N), their first LINES lines:
+        what the first pipeline stages load."""
         rn = tl.minimum(pid * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
         col = tl.minimum(tl.arange(0, LINES) * LINE, K - 1)
         pdl.prefetch_l2(w_ptr + rn[:, None] * K + col[None, :])
@@ -274,7 +276,7 @@ if triton is not None:
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              PREFETCH: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, PDL: tl.constexpr):
         pid = tl.program_id(0)
-        if PREFETCH:  # the block's weight rows (read by no earlier kernel) into L2 while the one before finishes
+        if PREFETCH:  # the block's first weight lines (read by no earlier kernel) into L2 while the one before ends
             _prefetch_rows(w_ptr, pid, N, K, GATED, BLOCK_N, LINE, LINES)
         pdl.enter(PDL)
         rm = tl.arange(0, BLOCK_M)
