@@ -82,3 +82,30 @@ def stack_outputs(kind: str, qk_norm: bool, dtype: torch.dtype, device: str) -> 
 def relative_errors(got: list[Tensor], ref: list[Tensor]) -> list[float]:
     """||got - ref|| / ||ref|| per output."""
     return [((g.float() - r.float()).norm() / r.float().norm()).item() for g, r in zip(got, ref, strict=True)]
+
+
+def depth_step_outputs(linear_in: bool, qk_norm: bool, rows: int, dtype: torch.dtype, device: str,
+                       one_kernel: bool, phased: bool | None = None) -> list[Tensor]:
+    """Three depth steps over `rows` rows (positions 0-1, then 2, then 3: the last two one position each) of a
+    depth transformer with an input projection (a biased Linear from a wider input) or none: their float32 logits
+    and the static KV caches; `one_kernel` serves the one-position steps with rt/depth_step's kernel (`phased`: its
+    phases launched one by one; by default on the CPU only)."""
+    from vox_serve.rt import depth_step
+
+    width = DIMS.hidden_size + 16 if linear_in else DIMS.hidden_size
+    in_proj = nn.Linear(width, DIMS.hidden_size, bias=True) if linear_in else nn.Identity()
+    depth = DepthTransformer(dims=DIMS, in_proj=in_proj, num_positions=5, num_heads_out=4, rope=ROPE, qk_norm=qk_norm)
+    _randomize(depth, seed=20 + int(qk_norm) + 2 * int(linear_in))
+    depth.to(device=device, dtype=dtype)
+    forced, was_phased = depth_step.forced, depth_step.phased
+    depth_step.forced, depth_step.phased = one_kernel, phased
+    try:
+        depth.allocate(max_rows=4)
+        assert (depth._stacked is not None) == one_kernel
+        gen = torch.Generator().manual_seed(7)
+        xs = [torch.randn(rows, n, width, generator=gen).to(device=device, dtype=dtype) for n in (2, 1, 1)]
+        with torch.no_grad():
+            logits = [depth.step(x, start=start, head=i) for i, (x, start) in enumerate(zip(xs, (0, 2, 3)))]
+    finally:
+        depth_step.forced, depth_step.phased = forced, was_phased
+    return [*logits, depth.k_cache[:, :rows, :4], depth.v_cache[:, :rows, :4]]

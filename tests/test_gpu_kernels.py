@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from decoder_stack_helpers import relative_errors, stack_outputs
+from decoder_stack_helpers import depth_step_outputs, relative_errors, stack_outputs
 from sampling_helpers import random_case, to_cuda
 from triton_checks.check_ops import (
     check_commit_rows,
@@ -207,6 +207,62 @@ def test_decoder_stack_with_small_row_projections(kind: str, dot: bool, monkeypa
     ref = stack_outputs(kind, True, torch.bfloat16, "cuda")
     errors = relative_errors(fused, ref)
     assert max(errors) < 3e-2, errors
+
+
+DEPTH_STEP_CASES = [(True, True, 1), (False, True, 3), (True, False, 4), (False, False, 2)]
+
+
+@pytest.mark.parametrize(("linear_in", "qk_norm", "rows"), DEPTH_STEP_CASES)
+def test_depth_step_in_one_persistent_kernel(linear_in: bool, qk_norm: bool, rows: int) -> None:
+    """rt.depth_step on the GPU: the persistent kernel (its phases separated by grid barriers) gives bit for bit
+    what its phases launched one by one give, launch after launch (the barrier's counter carries over), and what
+    the step's own kernels give within bfloat16 rounding."""
+    from vox_serve.rt import depth_step
+
+    persistent = depth_step_outputs(linear_in, qk_norm, rows, torch.bfloat16, "cuda", one_kernel=True, phased=False)
+    again = depth_step_outputs(linear_in, qk_norm, rows, torch.bfloat16, "cuda", one_kernel=True, phased=False)
+    phased = depth_step_outputs(linear_in, qk_norm, rows, torch.bfloat16, "cuda", one_kernel=True, phased=True)
+    for got, ref, want in zip(persistent, phased, again, strict=True):
+        assert torch.equal(got, ref) and torch.equal(got, want)
+    unfused = depth_step_outputs(linear_in, qk_norm, rows, torch.bfloat16, "cuda", one_kernel=False)
+    assert max(relative_errors(persistent, unfused)) < 2e-2
+    assert depth_step._GRIDS  # the persistent launches ran
+
+
+def test_depth_step_replays_in_a_cuda_graph() -> None:
+    """The persistent step captured in a CUDA graph and replayed over new inputs equals eager launches: the graph
+    keeps the barrier's counter in step."""
+    from decoder_stack_helpers import DIMS, ROPE
+
+    from vox_serve.layers.depth import DepthTransformer
+    from vox_serve.rt import depth_step
+
+    depth = DepthTransformer(dims=DIMS, in_proj=torch.nn.Identity(), num_positions=5, num_heads_out=4, rope=ROPE,
+                             qk_norm=True).cuda().bfloat16()
+    with torch.no_grad():
+        for param in depth.parameters():
+            param.copy_(torch.randn_like(param) / param.shape[-1] ** 0.5 + (1 if param.dim() == 1 else 0))
+    depth_step.forced, depth_step.phased = True, False
+    try:
+        depth.allocate(max_rows=4)
+        inputs = [torch.randn(2, 1, DIMS.hidden_size, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+        with torch.no_grad():
+            expected = [depth.step(x, start=2, head=1) for x in inputs]
+            static = inputs[0].clone()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                depth.step(static, start=2, head=1)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = depth.step(static, start=2, head=1)
+        for x, want in zip(inputs, expected, strict=True):
+            static.copy_(x)
+            graph.replay()
+            assert torch.equal(out, want)
+    finally:
+        depth_step.forced = depth_step.phased = None
 
 
 def _pdl_chain(x: torch.Tensor, delta: torch.Tensor, w: dict[str, torch.Tensor], cache: torch.Tensor,

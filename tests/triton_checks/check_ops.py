@@ -261,6 +261,30 @@ def check_decoder_stack() -> None:
                 assert max(errors) < 1e-5, (kind, qk_norm, config, errors)
 
 
+def check_depth_step(device: str = "cpu") -> None:
+    """rt.depth_step (a depth transformer's one-position step in one kernel; here its phases launched one by one)
+    against the step's own kernels (small_gemm and depth_attention, which it is made of, with their own blocks):
+    with and without an input projection and per-head q/k norms, 1-4 rows, float32 (also run on a GPU by
+    tests/test_gpu_kernels.py, persistent there)."""
+    from tests.decoder_stack_helpers import depth_step_outputs, relative_errors
+    from vox_serve.rt import depth_attention, depth_step
+
+    enabled, triton_ops.enabled = triton_ops.enabled, lambda t: True
+    small_gemm.forced = lambda kind, m, n, k: small_gemm.BlockConfig(16, 32)
+    depth_attention.forced = True
+    depth_step.forced_programs = 3  # the phases' column blocks strided over the programs
+    try:
+        for linear_in, qk_norm, rows in ((True, True, 1), (False, True, 3), (True, False, 4), (False, False, 2)):
+            ref = depth_step_outputs(linear_in, qk_norm, rows, torch.float32, device, one_kernel=False)
+            got = depth_step_outputs(linear_in, qk_norm, rows, torch.float32, device, one_kernel=True)
+            errors = relative_errors(got, ref)
+            assert max(errors) < 1e-5, (linear_in, qk_norm, rows, errors)
+            assert torch.equal(got[0], ref[0])  # the two-position step is not the kernel's: the same path
+    finally:
+        triton_ops.enabled, small_gemm.forced, depth_attention.forced = enabled, None, False
+        depth_step.forced_programs = None
+
+
 def _small_gemm_reference(kind: "small_gemm.Kind", x: torch.Tensor, delta: torch.Tensor | None, norm_w: torch.Tensor,
                           w: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The unfused ops, rounded as they are: the sum, the normed rows, the projections, then the gate."""

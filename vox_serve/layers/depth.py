@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from vox_serve.layers.decoder import DecoderDims, DecoderLayer, RMSNorm, project, run_layers
 from vox_serve.layers.rope import RotaryEmbedding
-from vox_serve.rt import depth_attention, small_gemm
+from vox_serve.rt import depth_attention, depth_step, small_gemm
 from vox_serve.rt.attention.kv_write import QKPrep, write_kv
 
 
@@ -52,6 +52,7 @@ class DepthTransformer(nn.Module):
         self.k_cache: Tensor | None = None
         self.v_cache: Tensor | None = None
         self._step_tables: dict[tuple[int, int], StepTables] = {}
+        self._stacked: depth_step.Stacked | None = None
 
     def allocate(self, max_rows: int) -> None:
         """The static KV buffers [layers, rows, positions, kv heads, head dim], once, at the largest batch."""
@@ -62,6 +63,7 @@ class DepthTransformer(nn.Module):
         self.v_cache = torch.zeros(shape, dtype=w.dtype, device=w.device)
         self._step_tables = {(start, n): self._make_tables(start, n, max_rows, w.device)
                              for n in (1, 2) for start in range(self.num_positions - n + 1)}
+        self._stacked = depth_step.prepare(self)  # the one-kernel step's stacks, where it can serve
 
     def _make_tables(self, start: int, n: int, rows: int, device: torch.device) -> StepTables:
         """Positions [rows * n], cache slots (row r's position p at r * num_positions + p) and the additive mask
@@ -84,9 +86,13 @@ class DepthTransformer(nn.Module):
         """Inputs x [B, n, input width] at positions start..start+n-1 -> float32 logits [B, vocab] of the last
         position through head `head`."""
         b, n, _ = x.shape
+        tables = self._tables(start, n, b, x.device)
+        if n == 1 and self._stacked is not None:  # the whole step in one persistent kernel (rt/depth_step)
+            logits = depth_step.run(self, self._stacked, x.reshape(b, -1), tables.slots, tables.positions, head)
+            if logits is not None:
+                return logits
         h = x.reshape(b * n, -1)
         h = project(self.in_proj, h) if isinstance(self.in_proj, nn.Linear) else self.in_proj(h)
-        tables = self._tables(start, n, b, x.device)
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor, prep: QKPrep) -> Tensor:
             kc, vc = self.k_cache[layer], self.v_cache[layer]

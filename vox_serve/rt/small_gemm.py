@@ -265,20 +265,15 @@ if triton is not None:
             acc_up = _times_w(acc_up, a, w_up, DOT)
         return acc, acc_up, squares
 
-    # One program per column block: one pass over K reading the block's weight rows (and, GATED, the up half's rows
-    # at n + the same columns) and the input rows, then the rows' 1 / rms, the bias or the gate, rounded to the
-    # output dtype. UNROLL unrolls the K loop (all its loads can be in flight at once); otherwise num_stages
-    # pipelines it.
-    @triton.jit(do_not_specialize=["m", "eps"])
-    def _small_linear_kernel(x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, eps, K: tl.constexpr,
-                             HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                             GATED_IN: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, UNROLL: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             PREFETCH: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, PDL: tl.constexpr):
-        pid = tl.program_id(0)
-        if PREFETCH:  # the block's first weight lines (read by no earlier kernel) into L2 while the one before ends
-            _prefetch_rows(w_ptr, pid, N, K, GATED, BLOCK_N, LINE, LINES)
-        pdl.enter(PDL)
+    # One column block: one pass over K reading the block's weight rows (and, GATED, the up half's rows at n + the
+    # same columns) and the input rows, then the rows' 1 / rms, the bias or the gate, rounded to the output dtype.
+    # UNROLL unrolls the K loop (all its loads can be in flight at once); otherwise num_stages pipelines it. Block 0
+    # writes the sums x + delta. Shared by the one-projection kernel below and rt/depth_step's persistent kernel.
+    @triton.jit
+    def column_block(pid, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, eps, K: tl.constexpr,
+                     HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, GATED_IN: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, DOT: tl.constexpr, UNROLL: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         rm = tl.arange(0, BLOCK_M)
         m_mask = rm < m
         write_rows = rm < tl.where(pid == 0, m, 0)  # block 0 writes the sums
@@ -315,3 +310,17 @@ if triton is not None:
             acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(dtype).to(tl.float32)
         out = acc.to(dtype).to(out_ptr.dtype.element_ty)  # rounded to the input dtype, stored in the output's
         tl.store(out_ptr + rm[:, None] * N + rn[None, :], out, mask=m_mask[:, None] & n_mask[None, :])
+
+    # One program per column block.
+    @triton.jit(do_not_specialize=["m", "eps"])
+    def _small_linear_kernel(x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, eps, K: tl.constexpr,
+                             HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                             GATED_IN: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, UNROLL: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             PREFETCH: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, PDL: tl.constexpr):
+        pid = tl.program_id(0)
+        if PREFETCH:  # the block's first weight lines (read by no earlier kernel) into L2 while the one before ends
+            _prefetch_rows(w_ptr, pid, N, K, GATED, BLOCK_N, LINE, LINES)
+        pdl.enter(PDL)
+        column_block(pid, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, eps, K, HAS_DELTA, NORM, GATED,
+                     GATED_IN, HAS_BIAS, DOT, UNROLL, BLOCK_M, BLOCK_N, BLOCK_K)
