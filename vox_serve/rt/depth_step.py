@@ -125,7 +125,8 @@ class Settings:
 
 
 settings = Settings()
-_GRIDS: dict[tuple, int] = {}  # (device, constexprs) -> the programs launched
+_GRIDS: dict[tuple, int] = {}  # (device, settings, constexprs) -> the programs launched
+last_grid = 0  # the programs of the last persistent launch (benchmarks)
 
 
 def _blocks(n: int, k: int, rows: int, programs: int, gated: bool = False) -> dict[str, int]:
@@ -150,7 +151,7 @@ def _resident(compiled: object, device: torch.device) -> int:
 def _grid(args: tuple, consts: dict, device: torch.device, sms: int) -> int:
     """The programs of a persistent launch: settings.programs_per_sm per SM, bounded by what is resident (every
     program must be, or a barrier would wait for one that never starts)."""
-    key = (device.index, tuple(sorted(consts.items())))
+    key = (device.index, settings, tuple(sorted(consts.items())))
     if key not in _GRIDS:
         compiled = _depth_step_kernel.warmup(*args, grid=(1,), **consts, PROGRAMS=sms, PHASE=-1,
                                              num_warps=settings.warps, num_stages=settings.stages)
@@ -191,7 +192,8 @@ def run(depth: nn.Module, stacked: Stacked, x: Tensor, slots: Tensor, positions:
             _depth_step_kernel[(sms,)](*args, **consts, PROGRAMS=sms, PHASE=phase, num_warps=settings.warps,
                                        num_stages=settings.stages)
         return out
-    programs = _grid(args, consts, x.device, sms)
+    global last_grid
+    programs = last_grid = _grid(args, consts, x.device, sms)
     _depth_step_kernel[(programs,)](*args, **consts, PROGRAMS=programs, PHASE=-1, num_warps=settings.warps,
                                     num_stages=settings.stages)
     return out
