@@ -86,10 +86,10 @@ def relative_errors(got: list[Tensor], ref: list[Tensor]) -> list[float]:
 
 def depth_step_outputs(linear_in: bool, qk_norm: bool, rows: int, dtype: torch.dtype, device: str,
                        one_kernel: bool, phased: bool | None = None) -> list[Tensor]:
-    """Three depth steps over `rows` rows (positions 0-1, then 2, then 3: the last two one position each) of a
-    depth transformer with an input projection (a biased Linear from a wider input) or none: their float32 logits
-    and the static KV caches; `one_kernel` serves the one-position steps with rt/depth_step's kernel (`phased`: its
-    phases launched one by one; by default on the CPU only)."""
+    """Two frames of three depth steps over `rows` rows (positions 0-1, then 2, then 3: the last two one position
+    each) of a depth transformer with an input projection (a biased Linear from a wider input) or none: their
+    float32 logits and the static KV caches; `one_kernel` serves the one-position steps with rt/depth_step's
+    kernel (`phased`: its phases launched one by one; by default on the CPU only)."""
     from vox_serve.rt import depth_step
 
     width = DIMS.hidden_size + 16 if linear_in else DIMS.hidden_size
@@ -103,9 +103,12 @@ def depth_step_outputs(linear_in: bool, qk_norm: bool, rows: int, dtype: torch.d
         depth.allocate(max_rows=4)
         assert (depth._stacked is not None) == one_kernel
         gen = torch.Generator().manual_seed(7)
-        xs = [torch.randn(rows, n, width, generator=gen).to(device=device, dtype=dtype) for n in (2, 1, 1)]
-        with torch.no_grad():
-            logits = [depth.step(x, start=start, head=i) for i, (x, start) in enumerate(zip(xs, (0, 2, 3)))]
+        logits = []
+        for _ in range(2):  # the second frame's steps find the first's keys and values past their positions
+            xs = [torch.randn(rows, n, width, generator=gen).to(device=device, dtype=dtype) for n in (2, 1, 1)]
+            with torch.no_grad():
+                logits += [depth.step(x, start=start, head=i)
+                           for i, (x, start) in enumerate(zip(xs, (0, 2, 3), strict=True))]
     finally:
         depth_step.forced, depth_step.phased = forced, was_phased
     return [*logits, depth.k_cache[:, :rows, :4], depth.v_cache[:, :rows, :4]]

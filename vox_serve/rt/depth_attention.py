@@ -86,15 +86,15 @@ if triton is not None:
         return tl.load(ptr + at, mask=mask, other=0.0).to(tl.float32), \
             tl.load(ptr + at + HALF, mask=mask, other=0.0).to(tl.float32)
 
-    @triton.jit
-    def row_head(r, h, q_ptr, k_ptr, v_ptr, out_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr,
-                 kw_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, table_stride, scale, eps, N: tl.constexpr,
-                 G: tl.constexpr, HKV: tl.constexpr, POSITIONS: tl.constexpr, P_PAD: tl.constexpr,
-                 HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
-        """Row r's new positions for KV head h: its keys and values written, its G query heads attended. Shared by
-        the kernel below and rt/depth_step's persistent kernel."""
-        r = r.to(tl.int64)
-        h = h.to(tl.int64)
+    @triton.jit(do_not_specialize=["sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "table_stride", "scale", "eps"])
+    def _depth_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
+                                qw_ptr, kw_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, table_stride, scale, eps,
+                                N: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, POSITIONS: tl.constexpr,
+                                P_PAD: tl.constexpr, HAS_NORM: tl.constexpr, HALF: tl.constexpr,
+                                BLOCK: tl.constexpr, PDL: tl.constexpr):
+        pdl.enter(PDL)
+        r = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1).to(tl.int64)
         d = tl.arange(0, BLOCK)
         dmask = d < HALF
         row_base = r * (POSITIONS * HKV * 2 * HALF) + h * (2 * HALF)
@@ -134,14 +134,3 @@ if triton is not None:
                 tl.store(dst + d, (tl.sum(e[:, None] * v1, axis=0) * inv).to(out_ptr.dtype.element_ty), mask=dmask)
                 tl.store(dst + HALF + d, (tl.sum(e[:, None] * v2, axis=0) * inv).to(out_ptr.dtype.element_ty),
                          mask=dmask)
-
-    @triton.jit(do_not_specialize=["sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "table_stride", "scale", "eps"])
-    def _depth_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
-                                qw_ptr, kw_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, table_stride, scale, eps,
-                                N: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, POSITIONS: tl.constexpr,
-                                P_PAD: tl.constexpr, HAS_NORM: tl.constexpr, HALF: tl.constexpr,
-                                BLOCK: tl.constexpr, PDL: tl.constexpr):
-        pdl.enter(PDL)
-        row_head(tl.program_id(0), tl.program_id(1), q_ptr, k_ptr, v_ptr, out_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr,
-                 cos_ptr, sin_ptr, qw_ptr, kw_ptr, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, table_stride, scale, eps, N, G,
-                 HKV, POSITIONS, P_PAD, HAS_NORM, HALF, BLOCK)

@@ -11,9 +11,10 @@ whose top bit flips at every barrier, so it needs no reset between launches):
     gate/up (residual add + RMSNorm + SwiGLU folded in) | down | final norm + head
 
 A projection phase is rt/small_gemm's column blocks (`small_gemm.column_block`, the FMA path: the same rounding
-as the one-projection kernels), spread over the programs; the attention phase is rt/depth_attention's
-(`depth_attention.row_head`) over the (row, KV head) pairs. So the kernel computes what the unfused step with those
-kernels computes, bit for bit (the GPU tier checks it), and only the launches and the waits between them differ.
+as the one-projection kernels), spread over the programs; the attention phase computes what rt/depth_attention
+computes, one program per (row, query head) issuing all its loads at once (the new key and value used as they are
+written to the cache). So the kernel computes what the unfused step with those kernels computes, up to the
+projections' block sizes (summation order), and only the launches and the waits between them differ.
 
 The programs must all be resident at once (a barrier waits for every one): PROGRAMS is at most the SM count and a
 program needs far less than an SM, so an otherwise busy GPU delays the barrier but cannot deadlock it.
@@ -39,8 +40,9 @@ try:
     import triton
     import triton.language as tl
 
-    from vox_serve.rt.depth_attention import row_head
+    from vox_serve.rt.depth_attention import _tile
     from vox_serve.rt.small_gemm import column_block
+    from vox_serve.rt.triton_ops import _norm_rotate, _store_kv
 except Exception:  # noqa: BLE001 - no Triton: the step's own kernels run
     triton = None
 
@@ -248,6 +250,51 @@ if triton is not None:
             _grid_sync(bar_ptr, PROGRAMS)
 
     @triton.jit
+    def _attend_query(r, qh, qkv_ptr, out_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
+                      table_stride, scale, eps, QKV_N: tl.constexpr, Q_HEADS: tl.constexpr, HKV: tl.constexpr,
+                      POSITIONS: tl.constexpr, P_PAD: tl.constexpr, HAS_NORM: tl.constexpr, HALF: tl.constexpr,
+                      BLOCK: tl.constexpr):
+        """Row r's query head qh at its one new position, from the qkv rows: depth_attention's arithmetic, but all
+        its loads at once. The new key (prepared and rounded as the cache holds it) and value are used as loaded, the
+        cache's own slot for that position masked out of the tile; the group's first query head writes them."""
+        r = r.to(tl.int64)
+        h = qh // (Q_HEADS // HKV)
+        d = tl.arange(0, BLOCK)
+        dmask = d < HALF
+        dtype = qkv_ptr.dtype.element_ty
+        row = qkv_ptr + r * QKV_N
+        pos = tl.load(pos_ptr + r).to(tl.int64)
+        cos = tl.load(cos_ptr + pos * table_stride + d, mask=dmask, other=0.0)
+        sin = tl.load(sin_ptr + pos * table_stride + d, mask=dmask, other=0.0)
+        k_new1, k_new2 = _norm_rotate(row + (Q_HEADS + h) * (2 * HALF), kw_ptr, cos, sin, d, dmask, eps, HAS_NORM,
+                                      HALF)
+        k_new1, k_new2 = k_new1.to(dtype), k_new2.to(dtype)
+        v_src = row + (Q_HEADS + HKV + h) * (2 * HALF)
+        p = tl.arange(0, P_PAD)
+        new = (p == pos)[:, None]
+        tile_mask = ((p < POSITIONS) & (p != pos))[:, None] & dmask[None, :]
+        at = r * (POSITIONS * HKV * 2 * HALF) + h * (2 * HALF) + p.to(tl.int64) * (HKV * 2 * HALF)
+        k1, k2 = _tile(kc_ptr, at, d, tile_mask, HALF)
+        v1, v2 = _tile(vc_ptr, at, d, tile_mask, HALF)
+        k1 = tl.where(new, k_new1.to(tl.float32)[None, :], k1)
+        k2 = tl.where(new, k_new2.to(tl.float32)[None, :], k2)
+        v1 = tl.where(new, tl.load(v_src + d, mask=dmask, other=0.0).to(tl.float32)[None, :], v1)
+        v2 = tl.where(new, tl.load(v_src + HALF + d, mask=dmask, other=0.0).to(tl.float32)[None, :], v2)
+        y1, y2 = _norm_rotate(row + qh * (2 * HALF), qw_ptr, cos, sin, d, dmask, eps, HAS_NORM, HALF)
+        y1 = y1.to(dtype).to(tl.float32)  # as the rotated q that the unfused path keeps
+        y2 = y2.to(dtype).to(tl.float32)
+        s = tl.sum(k1 * y1[None, :], axis=1) + tl.sum(k2 * y2[None, :], axis=1)
+        s = tl.where(p <= pos, s * scale, float("-inf"))  # past the query: another frame's positions
+        e = tl.exp(s - tl.max(s, axis=0))
+        inv = 1.0 / tl.sum(e, axis=0)
+        dst = out_ptr + (r * Q_HEADS + qh) * (2 * HALF)
+        tl.store(dst + d, (tl.sum(e[:, None] * v1, axis=0) * inv).to(out_ptr.dtype.element_ty), mask=dmask)
+        tl.store(dst + HALF + d, (tl.sum(e[:, None] * v2, axis=0) * inv).to(out_ptr.dtype.element_ty), mask=dmask)
+        if qh % (Q_HEADS // HKV) == 0:  # the cache's copy, read by the next steps
+            _store_kv(kc_ptr, vc_ptr, slot_ptr, v_src, r, h, k_new1, k_new2, d, dmask, POSITIONS,
+                      POSITIONS * HKV * 2 * HALF, HKV * 2 * HALF, 2 * HALF, HALF)
+
+    @triton.jit
     def _layer(pid, layer, x0, n1_ptr, qkv_w, qn_ptr, kn_ptr, o_w, n2_ptr, gu_w, down_w, kc_ptr, vc_ptr, slot_ptr,
                pos_ptr, cos_ptr, sin_ptr, s0_ptr, s1_ptr, qkv_ptr, att_ptr, o_ptr, act_ptr, dn_ptr, bar_ptr, m, eps,
                table_stride, scale, FIRST: tl.constexpr, LINEAR_IN: tl.constexpr, H: tl.constexpr,
@@ -280,13 +327,12 @@ if triton is not None:
             _projection(pid, src, delta, n1_ptr, s0_ptr, qkv_w, x0, qkv_ptr, m, QKV_N, eps, H, has_delta, True, False,
                         False, BLOCK_M, QKV_BLOCK_N, QKV_BLOCK_K, PROGRAMS)
             _phase_end(bar_ptr, PHASE, PROGRAMS)
-        if PHASE < 0 or PHASE == base + 1:  # attention: the (row, KV head) pairs
-            for pair in range(pid, m * HKV, PROGRAMS):
+        if PHASE < 0 or PHASE == base + 1:  # attention: the (row, query head) pairs
+            for pair in range(pid, m * Q_HEADS, PROGRAMS):
                 item = pid * 0 + pair  # a tensor (the interpreter's loop counter is an int)
-                row_head(item // HKV, item % HKV, qkv_ptr, qkv_ptr + QD, qkv_ptr + QD + HKV * D, att_ptr, kc_ptr,
-                         vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, QKV_N, D, QKV_N, D, QKV_N, D,
-                         table_stride, scale, eps, 1, Q_HEADS // HKV, HKV, POSITIONS, P_PAD, HAS_NORM, HALF,
-                         HALF_BLOCK)
+                _attend_query(item // Q_HEADS, item % Q_HEADS, qkv_ptr, att_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr,
+                              cos_ptr, sin_ptr, qn_ptr, kn_ptr, table_stride, scale, eps, QKV_N, Q_HEADS, HKV,
+                              POSITIONS, P_PAD, HAS_NORM, HALF, HALF_BLOCK)
             _phase_end(bar_ptr, PHASE, PROGRAMS)
         if PHASE < 0 or PHASE == base + 2:  # o
             _projection(pid, att_ptr, att_ptr, att_ptr, att_ptr, o_w, att_ptr, o_ptr, m, H, eps, QD, False, False,
