@@ -3,8 +3,8 @@
 # $OUT/small_gemm_table.json), the GPU tier of the kernels with that table (rt.small_gemm, rt.slot_head, the
 # Rust sampler), then (KERNEL_BENCH=1) the sampler's and the slot head's launch times, (ATTENTION_BENCH=1) the
 # decode-attention candidate's GPU tests and its times against FlashInfer (ATTENTION_ARGS), then (PROFILE=1, and
-# DEPTH_AB=1 for Qwen3-TTS with VOX_DEPTH_ATTENTION=1 as well, PDL_AB=1 with VOX_PDL=0, PREFETCH_AB=1 with
-# VOX_PDL_PREFETCH=1, ORPHEUS_AB=1 with VOX_ORPHEUS_STEP_KERNELS=1, STEP_AB=1 with VOX_DEPTH_STEP=1,
+# DEPTH_AB=1 for Qwen3-TTS with VOX_DEPTH_ATTENTION=1 as well, PDL_AB=1 with VOX_PDL=0,
+# ORPHEUS_AB=1 with VOX_ORPHEUS_STEP_KERNELS=1, STEP_AB=1 with VOX_DEPTH_STEP=1,
 # ROWS_AB=1 with VOX_LAUNCH_ROWS=0) the
 # decode stages of Orpheus-3B and Qwen3-TTS-1.7B with the table and, from TREE_BEFORE (default .before), without.
 # Usage (repo root): bash benchmark/gpu_small_gemm.sh
@@ -46,8 +46,6 @@ if [ "${PROFILE:-0}" = 1 ]; then
   [ "${DEPTH_AB:-0}" = 1 ] && VOX_DEPTH_ATTENTION=1 MODELS=qwen3-tts profile depth_attention .
   # PDL_AB=1: both models again without programmatic dependent launch (rt/pdl.py, on by default on Hopper)
   [ "${PDL_AB:-0}" = 1 ] && VOX_PDL=0 profile no_pdl .
-  # PREFETCH_AB=1: both models again with the projections' weights prefetched into L2 before they wait (rt/pdl.py)
-  [ "${PREFETCH_AB:-0}" = 1 ] && VOX_PDL_PREFETCH=1 profile prefetch .
   # ORPHEUS_AB=1: Orpheus again with its step's bookkeeping as two kernels (models/orpheus/step_kernels.py)
   [ "${ORPHEUS_AB:-0}" = 1 ] && VOX_ORPHEUS_STEP_KERNELS=1 MODELS=orpheus profile orpheus_step .
   # STEP_AB=1: Qwen3-TTS again with the code predictor's one-position steps as one kernel each (rt/depth_step.py)

@@ -98,7 +98,7 @@ def depth_step_outputs(linear_in: bool, qk_norm: bool, rows: int, dtype: torch.d
     _randomize(depth, seed=20 + int(qk_norm) + 2 * int(linear_in))
     depth.to(device=device, dtype=dtype)
     forced, was_phased = depth_step.forced, depth_step.phased
-    depth_step.forced, depth_step.phased = one_kernel, phased
+    depth_step.forced, depth_step.phased, depth_step.forced_rows = one_kernel, phased, rows
     try:
         depth.allocate(max_rows=4)
         assert (depth._stacked is not None) == one_kernel
@@ -110,5 +110,5 @@ def depth_step_outputs(linear_in: bool, qk_norm: bool, rows: int, dtype: torch.d
                 logits += [depth.step(x, start=start, head=i)
                            for i, (x, start) in enumerate(zip(xs, (0, 2, 3), strict=True))]
     finally:
-        depth_step.forced, depth_step.phased = forced, was_phased
+        depth_step.forced, depth_step.phased, depth_step.forced_rows = forced, was_phased, None
     return [*logits, depth.k_cache[:, :rows, :4], depth.v_cache[:, :rows, :4]]

@@ -73,3 +73,14 @@ def test_resident_programs_per_sm(monkeypatch: pytest.MonkeyPatch) -> None:
     assert depth_step._resident(_compiled(40, 4, 100_000), torch.device("cuda")) == 2  # shared memory
     assert depth_step._resident(_compiled(16, 8, 0), torch.device("cuda")) == 8  # threads
     assert depth_step._resident(_compiled(255, 32, 0), torch.device("cuda")) == 0  # not one
+
+
+def test_more_rows_than_served_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two rows (past MAX_ROWS) get None: the step's own kernels run."""
+    monkeypatch.setattr(depth_step, "forced", True)
+    depth = _depth(nn.Identity())
+    depth.allocate(max_rows=2)
+    tables = depth._tables(2, 1, 2, torch.device("cpu"))
+    x = torch.randn(2, DIMS.hidden_size)
+    assert depth_step.MAX_ROWS < 2
+    assert depth_step.run(depth, depth._stacked, x, tables.slots, tables.positions, head=1) is None

@@ -56,13 +56,13 @@ def _types(pointers: str, scalars: str = "", **pointer_types: str) -> dict[str, 
     return out | {name: f"*{t}" for name, t in pointer_types.items()}
 
 
-def _gemm(prefetch: bool) -> tuple:
+def _gemm() -> tuple:
     from vox_serve.rt import small_gemm
 
     types = _types("x_ptr d_ptr nw_ptr sum_ptr w_ptr b_ptr out_ptr", "m N") | {"eps": "fp32"}
     return small_gemm._small_linear_kernel, types, dict(
         K=1024, HAS_DELTA=False, NORM=True, GATED=True, GATED_IN=False, HAS_BIAS=False, DOT=False, UNROLL=False,
-        BLOCK_M=1, BLOCK_N=8, BLOCK_K=256, PREFETCH=prefetch, LINE=64, LINES=16)
+        BLOCK_M=1, BLOCK_N=8, BLOCK_K=256)
 
 
 def _participants() -> list[tuple]:
@@ -80,7 +80,7 @@ def _participants() -> list[tuple]:
                      ids_out="i64", page_rows_out="i32", slot_mapping_out="i64", logits_index_out="i64",
                      history_out="i64", kv_indices_out="i32")
     return [
-        _gemm(prefetch=False),
+        _gemm(),
         (triton_ops._add_rms_norm_kernel, _types("x_ptr delta_ptr weight_ptr sum_ptr out_ptr", "width") |
          {"eps": "fp32"}, dict(BLOCK=1024)),
         (triton_ops._silu_mul_kernel, _types("x_ptr out_ptr", "total width"), dict(BLOCK=1024)),
@@ -127,15 +127,6 @@ def test_every_participating_kernel_waits_before_it_touches_memory(index: int) -
     assert "griddepcontrol" not in _sm90_ptx(kernel, types, constexprs, pdl_on=False)
 
 
-def test_the_projection_prefetches_its_weights_only_ahead_of_the_wait() -> None:
-    """With VOX_PDL_PREFETCH's constexpr the small-row projection issues L2 prefetches before its wait (and still
-    no load); without it, none."""
-    ptx = _sm90_ptx(*_gemm(prefetch=True))
-    wait = ptx.index("griddepcontrol.wait")
-    assert "prefetch.global.L2" in ptx[:wait] and "ld.global" not in ptx[:wait]
-    assert "prefetch.global" not in _sm90_ptx(*_gemm(prefetch=False))
-
-
 def test_the_participants_are_every_kernel_with_a_pdl_parameter() -> None:
     """A kernel given the PDL constexpr is launched with PDL on Hopper: the test above must cover it. The modules
     searched are every one of the package that calls pdl.enter."""
@@ -148,10 +139,3 @@ def test_the_participants_are_every_kernel_with_a_pdl_parameter() -> None:
     kernels = {v for m in modules for v in vars(m).values()
                if isinstance(v, triton.runtime.jit.JITFunction) and "PDL" in v.arg_names and v is not pdl.enter}
     assert kernels == {k for k, _, _ in _participants()}
-
-
-def test_prefetch_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(pdl.PREFETCH_ENV, raising=False)
-    assert not pdl.prefetches(torch.zeros(1))
-    monkeypatch.setenv(pdl.PREFETCH_ENV, "1")
-    assert not pdl.prefetches(torch.zeros(1))  # never without PDL (CPU tensors: never)

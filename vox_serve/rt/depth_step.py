@@ -24,7 +24,11 @@ same, which is how Triton's interpreter (it runs programs one at a time, so a ba
 checks the kernel on the CPU. The layers' weights are stacked per kind ([layers, N, K]) at `prepare`, the
 modules' parameters becoming views of the stacks, so nothing is copied twice.
 
-Off unless `VOX_DEPTH_STEP=1` (until measured on a GPU); served for CUDA tensors of at most MAX_ROWS rows.
+Off unless `VOX_DEPTH_STEP=1`, and served for one row only: on an H200 (benchmark/results/h200-2026-12-03d,
+`benchmark/depth_step.py`) the step at one row took 143-195 us against the unfused kernels' 126 us (CUDA graphs,
+PDL) over six launch settings, the best at 4 programs per SM (the grid was bounded at 2 by residency); the barriers
+(26 a step) and the attention phases' serial latency are the suspects, not measured apart. Triton's LLVM crashed
+compiling it for 2-row blocks at Qwen3-TTS's sizes (an SLP vectorizer assertion), so more rows are not served.
 """
 
 from __future__ import annotations
@@ -47,10 +51,12 @@ except Exception:  # noqa: BLE001 - no Triton: the step's own kernels run
     triton = None
 
 ENV = "VOX_DEPTH_STEP"
-MAX_ROWS = 4  # the FMA path's rows (a [rows, BLOCK_N, BLOCK_K] float32 accumulator per program)
+MAX_ROWS = 1  # the rows served (see the docstring: more did not compile at Qwen3-TTS's sizes)
 forced: bool | None = None  # tests: True serves any tensors (CPU ones through Triton's interpreter), False none
 phased: bool | None = None  # tests: the phases launched one by one (None: on the CPU only)
 forced_programs: int | None = None  # tests: the program count (instead of one per SM)
+forced_rows: int | None = None  # tests: the rows served, up to SCRATCH_ROWS (small sizes compile with 2-4)
+SCRATCH_ROWS = 4  # the scratch rows allocated
 
 
 def _on(t: Tensor) -> bool:
@@ -69,12 +75,12 @@ class Stacked:
     norm2: Tensor  # [L, H]
     gate_up: Tensor  # [L, 2I, H]
     down: Tensor  # [L, H, I]
-    streams: Tensor  # [2, MAX_ROWS, H] the residual stream, alternating
-    qkv_out: Tensor  # [MAX_ROWS, Hq * D + 2 * Hkv * D]
-    attn: Tensor  # [MAX_ROWS, Hq * D]
-    o_out: Tensor  # [MAX_ROWS, H]
-    act: Tensor  # [MAX_ROWS, I]
-    down_out: Tensor  # [MAX_ROWS, H]
+    streams: Tensor  # [2, SCRATCH_ROWS, H] the residual stream, alternating
+    qkv_out: Tensor  # [SCRATCH_ROWS, Hq * D + 2 * Hkv * D]
+    attn: Tensor  # [SCRATCH_ROWS, Hq * D]
+    o_out: Tensor  # [SCRATCH_ROWS, H]
+    act: Tensor  # [SCRATCH_ROWS, I]
+    down_out: Tensor  # [SCRATCH_ROWS, H]
     barrier: Tensor  # [1] int32
 
 
@@ -97,7 +103,7 @@ def prepare(depth: nn.Module) -> Stacked | None:
     qk_norm = layers[0].qk_norm
 
     def rows(width: int) -> Tensor:
-        return torch.zeros(MAX_ROWS, width, dtype=w.dtype, device=w.device)
+        return torch.zeros(SCRATCH_ROWS, width, dtype=w.dtype, device=w.device)
 
     qkv_width = sum(layers[0].split)
     return Stacked(
@@ -108,7 +114,7 @@ def prepare(depth: nn.Module) -> Stacked | None:
         norm2=_stack([la.post_attention_layernorm.weight for la in layers]),
         gate_up=_stack([la.gate_up_proj.weight for la in layers]),
         down=_stack([la.down_proj.weight for la in layers]),
-        streams=torch.zeros(2, MAX_ROWS, c.hidden_size, dtype=w.dtype, device=w.device), qkv_out=rows(qkv_width),
+        streams=torch.zeros(2, SCRATCH_ROWS, c.hidden_size, dtype=w.dtype, device=w.device), qkv_out=rows(qkv_width),
         attn=rows(c.num_heads * c.head_dim), o_out=rows(c.hidden_size), act=rows(c.intermediate_size),
         down_out=rows(c.hidden_size), barrier=torch.zeros(1, dtype=torch.int32, device=w.device))
 
@@ -170,7 +176,7 @@ def run(depth: nn.Module, stacked: Stacked, x: Tensor, slots: Tensor, positions:
     """x [B, input width] at one position per row (positions [B], cache slots [B]) -> float32 logits [B, vocab]
     through head `head`; None where the kernel does not serve (more than MAX_ROWS rows, switched off)."""
     b = x.shape[0]
-    if b == 0 or b > MAX_ROWS or not _on(x):
+    if b == 0 or b > (forced_rows or MAX_ROWS) or not _on(x):
         return None
     c, layers = depth.cfg, depth.layers
     linear_in = isinstance(depth.in_proj, nn.Linear)

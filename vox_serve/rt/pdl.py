@@ -12,12 +12,10 @@ The contract for a kernel taking part: `PDL: tl.constexpr` among its parameters,
 first load or store, and `**pdl.launch_options(t)` in its launch. Kernels from elsewhere (cuBLAS, FlashInfer,
 PyTorch) need nothing: a kernel after them waits for their completion as before.
 
-A kernel whose programs read inputs no earlier kernel writes (a projection's weights) can also ask for them
-before it waits: `prefetch_l2(ptrs)` issues L2 prefetches (PTX prefetch.global.L2) for those lines, so the first
-loads after `enter()` hit L2 instead of waiting for HBM. That is `VOX_PDL_PREFETCH=1` (with PDL on, off by
-default): the small-row projection prefetches the part of its weight rows its first pipeline stages load. The
-first form prefetched whole weight slices (up to 24 MB) with evict_last and lost on an H200
-(benchmark/results/h200-2026-12-03d: the Qwen3-TTS frame 3.690 -> 3.947 ms at 1 row, Orpheus 2.181 -> 2.245).
+Prefetching a projection's weights into L2 before the wait (PTX prefetch.global.L2, by the waiting programs) was
+measured and dropped: on an H200 (benchmark/results/h200-2026-12-03d) whole weight slices with evict_last took the
+Qwen3-TTS frame at 1 row from 3.690 to 3.947 ms and Orpheus' step from 2.181 to 2.245 ms, and only the first
+pipeline stages' lines 3.679 -> 3.958 and 2.085 -> 2.170 ms.
 
 `VOX_PDL`: auto (the default: on where it applies, a CUDA device of compute capability >= 9.0 and a Triton
 with griddepcontrol), 0 (off, for A/B measurements) or 1 (on; refused where it does not apply). Measured on an
@@ -41,8 +39,6 @@ except Exception:  # noqa: BLE001 - no Triton, or one without griddepcontrol: la
     triton = None
 
 ENV = "VOX_PDL"
-PREFETCH_ENV = "VOX_PDL_PREFETCH"
-LINE_BYTES = 128
 MIN_CAPABILITY = (9, 0)
 
 
@@ -70,11 +66,6 @@ def enabled(t: Tensor) -> bool:
     return supported
 
 
-def prefetches(t: Tensor) -> bool:
-    """Whether a participating kernel on t's device prefetches its first weight lines before it waits."""
-    return os.environ.get(PREFETCH_ENV, "0") == "1" and enabled(t)
-
-
 def launch_options(t: Tensor) -> dict[str, bool]:
     """The keyword arguments for a participating kernel's launch on t's device: its PDL constexpr and, when on,
     Triton's launch_pdl option."""
@@ -82,12 +73,6 @@ def launch_options(t: Tensor) -> dict[str, bool]:
 
 
 if triton is not None:
-
-    @triton.jit
-    def prefetch_l2(ptrs):
-        """L2 prefetches of the lines at `ptrs` (any shape of pointers); no result."""
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
     def enter(PDL: tl.constexpr):

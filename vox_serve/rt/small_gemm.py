@@ -190,14 +190,11 @@ def _launch(config: BlockConfig, x: Tensor, delta: Tensor | None, norm_weight: T
     delta = delta.contiguous() if delta is not None else x
     block_m = MAX_ROWS if config.dot else rows_bucket(m)
     grid = (triton.cdiv(n, config.block_n),)
-    line = pdl.LINE_BYTES // weight.element_size()  # elements of a weight row per cache line
     _small_linear_kernel[grid](
         x, delta, norm_weight if norm_weight is not None else x, total, weight, bias if bias is not None else x,
         out, m, n, eps, K=k, HAS_DELTA=total is not x, NORM=norm_weight is not None, GATED=gated, GATED_IN=gated_in,
         HAS_BIAS=bias is not None, DOT=config.dot, UNROLL=config.unroll, BLOCK_M=block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, PREFETCH=pdl.prefetches(x), LINE=line,
-        LINES=triton.next_power_of_2(triton.cdiv(min(k, config.block_k * config.stages), line)),
-        num_warps=config.warps, num_stages=config.stages,
+        BLOCK_K=config.block_k, num_warps=config.warps, num_stages=config.stages,
         **pdl.launch_options(x))
     return total, out
 
@@ -219,17 +216,6 @@ if triton is not None:
             d = tl.load(d_ptr + offs, mask=mask, other=0.0)
             a = (a.to(tl.float32) + d.to(tl.float32)).to(x_ptr.dtype.element_ty)
         return a.to(tl.float32)
-
-    @triton.jit
-    def _prefetch_rows(w_ptr, pid, N, K: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
-                       LINE: tl.constexpr, LINES: tl.constexpr):
-        """L2 prefetches of column block pid's weight rows (and, GATED, the up half's at + N), their first LINES lines:
-        what the first pipeline stages load."""
-        rn = tl.minimum(pid * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
-        col = tl.minimum(tl.arange(0, LINES) * LINE, K - 1)
-        pdl.prefetch_l2(w_ptr + rn[:, None] * K + col[None, :])
-        if GATED:
-            pdl.prefetch_l2(w_ptr + (rn + N)[:, None] * K + col[None, :])
 
     @triton.jit
     def _times_w(acc, a, w, DOT: tl.constexpr):
@@ -317,10 +303,8 @@ if triton is not None:
                              HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
                              GATED_IN: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, UNROLL: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             PREFETCH: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, PDL: tl.constexpr):
+                             PDL: tl.constexpr):
         pid = tl.program_id(0)
-        if PREFETCH:  # the block's first weight lines (read by no earlier kernel) into L2 while the one before ends
-            _prefetch_rows(w_ptr, pid, N, K, GATED, BLOCK_N, LINE, LINES)
         pdl.enter(PDL)
         column_block(pid, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, eps, K, HAS_DELTA, NORM, GATED,
                      GATED_IN, HAS_BIAS, DOT, UNROLL, BLOCK_M, BLOCK_N, BLOCK_K)
