@@ -1,6 +1,6 @@
-"""Device time of one decode-attention launch: a candidate planless Triton kernel (below) against FlashInfer's
-graph-mode decode (CUDA-core and tensor-core kernels, the latter also planned without split KV), per batch bucket
-and KV length.
+"""Device time of one decode-attention launch: the planless Triton kernel of vox_serve/rt/attention/triton_decode.py
+against FlashInfer's graph-mode decode (CUDA-core and tensor-core kernels, the latter also planned without split
+KV), per batch bucket and KV length.
 
     python benchmark/decode_attention.py [--rows 1,2,4,8,16,32,64] [--kv 256,1024,2048] [--geometry orpheus,qwen3]
 
@@ -10,28 +10,10 @@ per launch (the layer's attention; FlashInfer's count includes its merge kernel)
 length. The kernel's output is checked against FlashInfer's on each case (and against a float32 reference in
 tests/test_decode_attention.py, through Triton's interpreter on the CPU).
 
-No backend serves with the candidate: on the H200 (benchmark/results/h200-2026-12-03b/decode_attention.txt) its
-first form, whose merge read every split's partials padded to 16 heads in one load, took 20-31 us per launch at
-1-16 rows where FlashInfer takes 9-14 us, and won only at 64 rows of 256 tokens (22 us against 26-31 us). The
-merge below reads only the non-empty splits' real heads, one head at a time; it is not measured yet.
-
-The candidate: decode attention over the paged KV cache in one Triton kernel that needs no host planning.
-
-A decode launch at a few rows is latency-bound: FlashInfer's graph-mode decode plans on the host, then runs a
-split-KV kernel and a merge kernel (Orpheus 3B on an H200, 1 row, 512 tokens: ~11 us per layer for ~2 MB of KV).
-This kernel reads what the stage already has on the device, the rows' page tables and KV lengths, so a step
-plan is nothing more than those (the Rust runtime plans nothing for it), and it merges its splits itself.
-
-Grid (rows, kv heads, SPLITS), fixed per captured batch bucket. Program (r, h, s) takes the s-th of SPLITS equal
-runs of row r's KV blocks (BLOCK_N tokens each; a run past the row's length is empty), attends the row's G query
-heads of KV head h over it (online softmax in float32, the tensor cores over the G heads padded to 16 with `dot`,
-else FMAs over the heads' power of two), and stores its partial (running max, sum, unnormalised output). The
-last of a (row, head)'s SPLITS programs to finish (an atomic counter, reset by it) merges the partials and
-writes the output. Split 0 always covers the row's first block, so every merge has a finite maximum (padded rows
-have KV length 1: the null page).
-
-`decode_attention(q [T, Hq, D], cache [P, 2, page, Hkv, D], page_table [T, C] int32, kv_lens [T] int32, ...)`
--> [T, Hq, D] in q's dtype; q's row t attends to its row's first kv_lens[t] tokens (its own already written).
+The kernel is vox_serve/rt/attention/triton_decode.py (FlashInferAttentionBackend serves the 1-2 row decode
+buckets with it). Its first form, whose merge read every split's partials padded to 16 heads in one load, lost at
+1-32 rows (benchmark/results/h200-2026-12-03b); the form since, which merges only the non-empty splits' real heads,
+wins at 1-2 rows (benchmark/results/h200-2026-12-03d).
 """
 
 from __future__ import annotations
@@ -39,190 +21,21 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmark.sampler import graph_us  # noqa: E402
-
-try:
-    import triton
-    import triton.language as tl
-except Exception:  # noqa: BLE001 - no Triton: nothing to measure
-    triton = None
-
-# Programs per step the split count aims at (a few per SM), and its bounds.
-PROGRAMS_PER_SM = 2
-MAX_SPLITS = 32
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """KV tokens per block, warps, pipeline stages; `dot`: the tensor cores (heads padded to 16), else FMAs."""
-
-    block_n: int = 32
-    warps: int = 4
-    stages: int = 2
-    dot: bool = True
-
-
-DEFAULT_CONFIG = DecodeConfig()
-
-
-def splits_for(rows: int, num_kv_heads: int, num_sms: int, per_sm: int = PROGRAMS_PER_SM) -> int:
-    """Splits per (row, KV head) for a bucket of `rows`: a power of two near `per_sm` programs per SM."""
-    want = max(1, -(-per_sm * num_sms // (rows * num_kv_heads)))
-    return min(MAX_SPLITS, 1 << (want - 1).bit_length())
-
-
-@dataclass
-class DecodeWorkspace:
-    """The partials and counters of one bucket's launches (reused by every layer: launches run in order)."""
-
-    partial_out: Tensor  # [rows, Hkv, SPLITS, G, D] float32: unnormalised outputs of the non-empty splits
-    partial_ml: Tensor  # [rows, Hkv, SPLITS, 2, G] float32: their running max (log2 units) and sum
-    counters: Tensor  # [rows, Hkv] int32, zero between launches
-
-    @classmethod
-    def allocate(cls, rows: int, num_kv_heads: int, group: int, head_dim: int, splits: int,
-                 device: torch.device) -> DecodeWorkspace:
-        f32 = dict(dtype=torch.float32, device=device)
-        return cls(partial_out=torch.zeros(rows, num_kv_heads, splits, group, head_dim, **f32),
-                   partial_ml=torch.zeros(rows, num_kv_heads, splits, 2, group, **f32),
-                   counters=torch.zeros(rows, num_kv_heads, dtype=torch.int32, device=device))
-
-    @property
-    def splits(self) -> int:
-        return self.partial_out.shape[2]
-
-
-def group_pad(group: int, config: DecodeConfig) -> int:
-    return 16 if config.dot else 1 << max(group - 1, 0).bit_length()
-
-
-def decode_attention(q: Tensor, cache: Tensor, page_table: Tensor, kv_lens: Tensor, scale: float,
-                     workspace: DecodeWorkspace, config: DecodeConfig = DEFAULT_CONFIG) -> Tensor:
-    """See the module docstring. `workspace` was allocated for at least q's rows and this geometry."""
-    rows, num_q_heads, head_dim = q.shape
-    _, two, page_size, num_kv_heads, cache_dim = cache.shape
-    group = num_q_heads // num_kv_heads
-    gp = group_pad(group, config)
-    if two != 2 or cache_dim != head_dim or group * num_kv_heads != num_q_heads:
-        raise ValueError(f"q {tuple(q.shape)} does not fit the cache {tuple(cache.shape)}")
-    if workspace.partial_out.shape[0] < rows or workspace.partial_out.shape[1:] != (
-            num_kv_heads, workspace.splits, group, head_dim):
-        raise ValueError(f"workspace {tuple(workspace.partial_out.shape)} does not serve {rows} rows of this geometry")
-    if config.block_n % page_size and page_size % config.block_n:
-        raise ValueError(f"block_n {config.block_n} and page size {page_size}: one must divide the other")
-    if not cache.is_contiguous():
-        raise ValueError("the KV cache must be contiguous")
-    out = torch.empty_like(q)
-    _decode_kernel[(rows, num_kv_heads, workspace.splits)](
-        q, cache, page_table, kv_lens, out, workspace.partial_out, workspace.partial_ml, workspace.counters,
-        scale, q.stride(0), q.stride(1), page_table.stride(0), out.stride(0), out.stride(1),
-        HKV=num_kv_heads, G=group, G_PAD=gp, D=head_dim, PAGE=page_size, SPLITS=workspace.splits,
-        BLOCK_N=config.block_n, DOT=config.dot, num_warps=config.warps, num_stages=config.stages)
-    return out
-
-
-if triton is not None:
-
-    @triton.jit
-    def _scores(q, k, DOT: tl.constexpr):
-        """[G_PAD, D] x [BLOCK_N, D] -> [G_PAD, BLOCK_N] float32."""
-        if DOT:
-            s = tl.dot(q, tl.trans(k))
-        else:
-            s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
-        return s
-
-    @triton.jit
-    def _weighted(p, v, DOT: tl.constexpr):
-        """[G_PAD, BLOCK_N] float32 x [BLOCK_N, D] -> [G_PAD, D] float32 (p rounded to v's dtype first, as
-        FlashAttention does, when on the tensor cores)."""
-        if DOT:
-            o = tl.dot(p.to(v.dtype), v)
-        else:
-            o = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-        return o
-
-    @triton.jit
-    def _merge(po_ptr, pml_ptr, out_ptr, base, active, row, h, stride_or, stride_oh, G: tl.constexpr,
-               D: tl.constexpr, SPLITS: tl.constexpr):
-        """The (row, head)'s `active` partials (its non-empty splits) merged into its G output heads, one head
-        at a time: [SPLITS, D] per load, the splits' partials read past L1 (other programs wrote them)."""
-        rs = tl.arange(0, SPLITS)
-        rd = tl.arange(0, D)
-        live = rs < active
-        for g in tl.static_range(G):
-            ml = pml_ptr + ((base + rs) * 2) * G + g
-            m = tl.load(ml, mask=live, other=float("-inf"), cache_modifier=".cg")
-            l_s = tl.load(ml + G, mask=live, other=0.0, cache_modifier=".cg")
-            w = tl.exp2(m - tl.max(m, axis=0))  # split 0 is never empty: a finite maximum
-            po = tl.load(po_ptr + ((base + rs[:, None]) * G + g) * D + rd[None, :], mask=live[:, None], other=0.0,
-                         cache_modifier=".cg")
-            o = tl.sum(w[:, None] * po, axis=0) / tl.sum(w * l_s, axis=0)
-            tl.store(out_ptr + row * stride_or + (h * G + g) * stride_oh + rd, o.to(out_ptr.dtype.element_ty))
-
-    @triton.jit
-    def _decode_kernel(q_ptr, cache_ptr, pt_ptr, kv_lens_ptr, out_ptr, po_ptr, pml_ptr, counter_ptr, scale,
-                       stride_qr, stride_qh, stride_pt, stride_or, stride_oh, HKV: tl.constexpr, G: tl.constexpr,
-                       G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, SPLITS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, DOT: tl.constexpr):
-        row = tl.program_id(0)
-        h = tl.program_id(1)
-        s = tl.program_id(2)
-        kv_len = tl.load(kv_lens_ptr + row)
-        blocks = tl.cdiv(kv_len, BLOCK_N)
-        per = tl.cdiv(blocks, SPLITS)
-        b0 = s * per
-        b1 = tl.minimum(b0 + per, blocks)
-        rg = tl.arange(0, G_PAD)
-        rd = tl.arange(0, D)
-        rn = tl.arange(0, BLOCK_N)
-        q = tl.load(q_ptr + row * stride_qr + (h * G + rg[:, None]) * stride_qh + rd[None, :],
-                    mask=rg[:, None] < G, other=0.0)
-        m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([G_PAD], tl.float32)
-        acc = tl.zeros([G_PAD, D], tl.float32)
-        qk_scale = scale * 1.4426950408889634  # exp2 of scores in log2 units
-        for b in range(b0, b1):
-            t = b * BLOCK_N + rn
-            live = t < kv_len
-            page = tl.load(pt_ptr + row * stride_pt + t // PAGE, mask=live, other=0).to(tl.int64)
-            tok = page * (2 * PAGE * HKV * D) + ((t % PAGE) * HKV + h) * D
-            k = tl.load(cache_ptr + tok[:, None] + rd[None, :], mask=live[:, None], other=0.0)
-            v = tl.load(cache_ptr + PAGE * HKV * D + tok[:, None] + rd[None, :], mask=live[:, None], other=0.0)
-            scores = tl.where(live[None, :], _scores(q, k, DOT) * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            p = tl.exp2(scores - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + _weighted(p, v, DOT)
-            m_i = m_new
-        if SPLITS == 1:
-            dst = out_ptr + row * stride_or + (h * G + rg[:, None]) * stride_oh + rd[None, :]
-            tl.store(dst, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=rg[:, None] < G)
-        else:
-            base = (row * HKV + h) * SPLITS
-            head = rg < G
-            active = tl.cdiv(blocks, per)  # the splits that hold blocks (the rest store nothing)
-            if s < active:
-                ml = pml_ptr + ((base + s) * 2) * G + rg  # m in log2 units, as the merge weighs it
-                tl.store(ml, m_i, mask=head)
-                tl.store(ml + G, l_i, mask=head)
-                tl.store(po_ptr + ((base + s) * G + rg[:, None]) * D + rd[None, :], acc, mask=head[:, None])
-            done = tl.atomic_add(counter_ptr + row * HKV + h, 1, sem="acq_rel")
-            if done == SPLITS - 1:  # the last of this (row, head): every partial is visible
-                _merge(po_ptr, pml_ptr, out_ptr, base, active, row, h, stride_or, stride_oh, G, D, SPLITS)
-                tl.atomic_xchg(counter_ptr + row * HKV + h, 0, sem="relaxed")
-
-
-# ---- the benchmark ------------------------------------------------------------------------------------
+from vox_serve.rt.attention.triton_decode import (  # noqa: E402
+    DEFAULT_CONFIG,
+    PROGRAMS_PER_SM,
+    DecodeConfig,
+    DecodeWorkspace,
+    decode_attention,
+    splits_for,
+)
 
 GEOMETRIES = {"orpheus": (28, 24, 8), "qwen3": (28, 16, 8)}  # layers, query heads, KV heads (head dim 128)
 PAGE, DIM = 16, 128

@@ -1,4 +1,4 @@
-"""benchmark/decode_attention.py's candidate kernel (planless split-KV decode attention) against a float32
+"""rt/attention/triton_decode (planless split-KV decode attention, served at 1-2 rows) against a float32
 reference.
 
 The kernel checks run on the CPU through Triton's interpreter (chosen when Triton is imported), each as this file
@@ -22,14 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
-def candidate():
-    """The benchmark module that holds the kernel (benchmark/ on the path only while it imports)."""
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    try:
-        import decode_attention
-    finally:
-        sys.path.remove(str(ROOT / "benchmark"))
-    return decode_attention
+def kernel_module():
+    """The kernel's module."""
+    from vox_serve.rt.attention import triton_decode
+
+    return triton_decode
 
 
 def reference(q: torch.Tensor, cache: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor,
@@ -77,7 +74,7 @@ CASES = (  # (rows, kv lens, Hq, Hkv, page size)
 def check_kernel(device: str = "cpu") -> None:
     """Every case at split counts 1, 2 and 8 (some splits empty), blocks smaller and larger than a page, FMA and
     tensor-core paths; launched twice with the same workspace (its counters reset themselves)."""
-    dk = candidate()
+    dk = kernel_module()
 
     d = 16 if device == "cpu" else 64
     configs = [dk.DecodeConfig(block_n=8, dot=False), dk.DecodeConfig(block_n=32, dot=False, warps=2),
@@ -112,7 +109,7 @@ def test_interpreted() -> None:
 
 
 def test_splits_for_fills_the_device() -> None:
-    dk = candidate()
+    dk = kernel_module()
     splits_for, MAX_SPLITS = dk.splits_for, dk.MAX_SPLITS
 
     assert splits_for(1, 8, 132) == MAX_SPLITS  # 8 programs would leave most SMs idle
@@ -123,8 +120,21 @@ def test_splits_for_fills_the_device() -> None:
         assert s & (s - 1) == 0 and 1 <= s <= MAX_SPLITS
 
 
+def test_serves_few_row_cuda_launches_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    dk = kernel_module()
+
+    q, cache, _, _ = random_case(1, [3], 4, 2, 16, 4, torch.float32, seed=0)
+    assert not dk.serves(q, cache)  # a CPU tensor: FlashInfer's backend is CUDA only anyway
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    assert dk.serves(q, cache) == (dk.triton is not None)
+    assert not dk.serves(torch.zeros(dk.MAX_ROWS + 1, 4, 16), cache)
+    assert not dk.serves(torch.zeros(1, 4, 12), cache)  # a head dim that is no power of two
+    monkeypatch.setenv(dk.ENV, "0")
+    assert not dk.serves(q, cache)
+
+
 def test_rejects_a_workspace_of_another_geometry() -> None:
-    dk = candidate()
+    dk = kernel_module()
 
     q, cache, table, kv_lens = random_case(2, [3, 4], 4, 2, 16, 4, torch.float32, seed=0)
     ws = dk.DecodeWorkspace.allocate(1, 2, 2, 16, 2, torch.device("cpu"))  # one row
@@ -151,7 +161,7 @@ def test_compiled() -> None:
 def test_orpheus_geometry_in_a_cuda_graph() -> None:
     """Orpheus 3B's geometry (24 query heads over 8, head dim 128, pages of 16, bfloat16) captured once per
     bucket with the default configuration; replays after the rows' lengths and page tables change in place."""
-    dk = candidate()
+    dk = kernel_module()
 
     gen = torch.Generator().manual_seed(7)
     for rows in (1, 4, 16):

@@ -110,7 +110,8 @@ def test_csm_graph_replay_equals_eager() -> None:
 @pytest.mark.skipif(not flashinfer_available(), reason="flashinfer not installed")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_flashinfer_equals_torch_backend(dtype: torch.dtype) -> None:
-    """Mixed prefill (fresh and chunked) and decode batches with ragged lengths and scattered pages."""
+    """Mixed prefill (fresh and chunked) and decode batches with ragged lengths and scattered pages; the 1- and
+    2-row decode launches run rt/attention/triton_decode's kernel."""
     gen = torch.Generator().manual_seed(0)
     kw = dict(num_layers=1, num_pages=64, page_size=16, num_q_heads=24, num_kv_heads=8, head_dim=128,
               dtype=dtype, device="cuda")
@@ -119,7 +120,7 @@ def test_flashinfer_equals_torch_backend(dtype: torch.dtype) -> None:
     ref.kv_caches[0].copy_(init)
     fi.kv_caches[0].copy_(init)
     perm = (torch.randperm(63, generator=gen) + 1).tolist()
-    cases = [([5, 17, 1], [5, 40, 33]), ([1, 1, 1, 1], [1, 16, 17, 70])]
+    cases = [([5, 17, 1], [5, 40, 33]), ([1, 1, 1, 1], [1, 16, 17, 70]), ([1], [70]), ([1, 1], [16, 33])]
     for qo_lens, kv_lens in cases:
         pages, used = [], 0
         for kv in kv_lens:

@@ -8,6 +8,10 @@ empty) when captured, else through an eager one. Every wrapper reads its page in
 stage's CSR index buffer (`Program.kv_indices`), which the stage itself fills from the slots' page
 tables; `plan()` only reads the host offsets, so it never waits for the device.
 
+Decode buckets of 1-2 rows run `rt/attention/triton_decode`'s planless kernel instead (faster there on an
+H200; `VOX_TRITON_DECODE=0` keeps FlashInfer's); their wrappers are still planned, so a runtime planning by
+itself finds one planner per captured bucket as ever, whose plan the captured graph does not read.
+
 A planner copies its pinned integer workspace to the device asynchronously; before a wrapper is
 planned again its previous copy must have run, or the next plan would overwrite the pinned bytes
 still being read (asynchronous scheduling plans step k+1 while step k runs). An event recorded
@@ -23,6 +27,7 @@ import flashinfer
 import torch
 from torch import Tensor
 
+from vox_serve.rt.attention import triton_decode
 from vox_serve.rt.attention.base import AttentionBackend, AttentionBuffers, AttentionPlan, PlanInputs
 from vox_serve.rt.attention.kv_write import QKPrep
 
@@ -52,6 +57,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._plan: AttentionPlan | None = None
         self._active_decode: Any = None
         self._forced_tensor_cores = os.environ.get("VOX_DECODE_TENSOR_CORES")
+        self._triton_workspaces: dict[int, triton_decode.DecodeWorkspace] = {}  # rows -> the bucket's
 
     def planner_of(self, plan: AttentionPlan) -> str:
         """Which FlashInfer planner serves the launch (published in the engine spec)."""
@@ -141,6 +147,16 @@ class FlashInferAttentionBackend(AttentionBackend):
                 "prefill": {str(tokens): {"planner": "prefill", **buffers(w)}
                             for tokens, (w, _) in self._prefill_graphs.items()}}
 
+    def _decode_workspace(self, q: Tensor) -> triton_decode.DecodeWorkspace:
+        """The Triton decode kernel's partials and counters for q's bucket, allocated at its first launch."""
+        rows = q.shape[0]
+        if rows not in self._triton_workspaces:
+            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+            self._triton_workspaces[rows] = triton_decode.DecodeWorkspace.allocate(
+                rows, self.num_kv_heads, self.num_q_heads // self.num_kv_heads, self.head_dim,
+                triton_decode.splits_for(rows, self.num_kv_heads, sms), q.device)
+        return self._triton_workspaces[rows]
+
     def _guarded(self, wrapper: Any, plan: Any) -> None:
         event = self._planned.get(id(wrapper))
         if event is not None:
@@ -156,6 +172,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         cache = self.kv_caches[layer]
         q = self._write_kv(cache, q, k, v, bufs.slot_mapping[: q.shape[0]], prep)
         if self._plan.is_decode:
+            if triton_decode.serves(q, cache):  # a 1-2 row bucket: one planless kernel (rt/attention/triton_decode)
+                return triton_decode.decode_attention(q, cache, bufs.page_table[: q.shape[0]],
+                                                      bufs.kv_lens[: q.shape[0]], self.scale, self._decode_workspace(q))
             return self._active_decode.run(q, cache)
         wrapper, out = self._active_prefill
         if out is not None:  # captured: every row of the bucket goes in, the planned ones are written
