@@ -110,10 +110,16 @@ def test_csm_graph_replay_equals_eager() -> None:
 @pytest.mark.skipif(not flashinfer_available(), reason="flashinfer not installed")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_flashinfer_equals_torch_backend(dtype: torch.dtype) -> None:
-    """Mixed prefill (fresh and chunked) and decode batches with ragged lengths and scattered pages; the 1- and
-    2-row decode launches run rt/attention/triton_decode's kernel."""
+    """Mixed prefill (fresh and chunked) and decode batches with ragged lengths and scattered pages; at 16 query
+    heads over 8 (FlashInfer's CUDA-core decode) the 1- and 2-row decode launches run rt/attention/triton_decode's
+    kernel, at 24 over 8 FlashInfer's tensor-core decode."""
+    for q_heads in (24, 16):
+        _flashinfer_against_torch(dtype, q_heads)
+
+
+def _flashinfer_against_torch(dtype: torch.dtype, q_heads: int) -> None:
     gen = torch.Generator().manual_seed(0)
-    kw = dict(num_layers=1, num_pages=64, page_size=16, num_q_heads=24, num_kv_heads=8, head_dim=128,
+    kw = dict(num_layers=1, num_pages=64, page_size=16, num_q_heads=q_heads, num_kv_heads=8, head_dim=128,
               dtype=dtype, device="cuda")
     ref, fi = make_attention_backend("torch", **kw), make_attention_backend("flashinfer", **kw)
     init = torch.randn(ref.kv_caches[0].shape, generator=gen).to(dtype).cuda()
@@ -143,7 +149,7 @@ def test_flashinfer_equals_torch_backend(dtype: torch.dtype) -> None:
                                 torch.tensor(slots).cuda(), kv_indices, kv_indptr, last, indptr.pin_memory())
         inputs = PlanInputs(kv_indptr, last, indptr.pin_memory(), kv_indices, max_pages_per_seq=8)
         plan = AttentionPlan(len(qo_lens), qo_lens, kv_lens, num_rows=len(qo_lens), decode=max(qo_lens) == 1)
-        q = torch.randn(t, 24, 128, generator=gen).to(dtype).cuda()
+        q = torch.randn(t, q_heads, 128, generator=gen).to(dtype).cuda()
         k = torch.randn(t, 8, 128, generator=gen).to(dtype).cuda()
         v = torch.randn(t, 8, 128, generator=gen).to(dtype).cuda()
         outs = []

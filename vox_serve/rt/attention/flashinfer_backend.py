@@ -8,9 +8,12 @@ empty) when captured, else through an eager one. Every wrapper reads its page in
 stage's CSR index buffer (`Program.kv_indices`), which the stage itself fills from the slots' page
 tables; `plan()` only reads the host offsets, so it never waits for the device.
 
-Decode buckets of 1-2 rows run `rt/attention/triton_decode`'s planless kernel instead (faster there on an
-H200; `VOX_TRITON_DECODE=0` keeps FlashInfer's); their wrappers are still planned, so a runtime planning by
-itself finds one planner per captured bucket as ever, whose plan the captured graph does not read.
+Decode buckets of 1-2 rows whose decode would run FlashInfer's CUDA-core kernels (GQA groups below
+TENSOR_CORE_GROUP: Qwen3-TTS's talker) run `rt/attention/triton_decode`'s planless kernel instead (on an H200
+the Qwen3-TTS frame at 1 row 3.667 -> 3.615 ms, at 2 rows 4.144 -> 4.112; `VOX_TRITON_DECODE=0` keeps
+FlashInfer's). Against the tensor-core decode it won alone but lost in Orpheus' step (2.098 -> 2.119 ms at 1 row,
+2.459 -> 2.524 at 2), so that stays FlashInfer's. The wrappers are still planned, so a runtime planning by itself
+finds one planner per captured bucket as ever, whose plan the captured graph does not read.
 
 A planner copies its pinned integer workspace to the device asynchronously; before a wrapper is
 planned again its previous copy must have run, or the next plan would overwrite the pinned bytes
@@ -172,7 +175,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         cache = self.kv_caches[layer]
         q = self._write_kv(cache, q, k, v, bufs.slot_mapping[: q.shape[0]], prep)
         if self._plan.is_decode:
-            if triton_decode.serves(q, cache):  # a 1-2 row bucket: one planless kernel (rt/attention/triton_decode)
+            if not self._tensor_cores and triton_decode.serves(q, cache):  # 1-2 rows: rt/attention/triton_decode
                 return triton_decode.decode_attention(q, cache, bufs.page_table[: q.shape[0]],
                                                       bufs.kv_lens[: q.shape[0]], self.scale, self._decode_workspace(q))
             return self._active_decode.run(q, cache)

@@ -1,5 +1,6 @@
 """Decode attention over the paged KV cache in one Triton kernel that needs no host planning, for the few-row
-decode buckets (FlashInferAttentionBackend serves them with it; `VOX_TRITON_DECODE=0` keeps FlashInfer's).
+decode buckets (FlashInferAttentionBackend serves those of its CUDA-core geometries with it, see there;
+`VOX_TRITON_DECODE=0` keeps FlashInfer's).
 
 A decode launch at a few rows is latency-bound: FlashInfer's graph-mode decode plans on the host, then runs a
 split-KV kernel and a merge kernel (Orpheus 3B on an H200, 1 row, 512 tokens: ~11 us per layer for ~2 MB of KV).
@@ -22,7 +23,9 @@ Measured on an H200 (benchmark/results/h200-2026-12-03d/decode_attention.txt; `b
 microseconds per layer launch in a CUDA graph against FlashInfer's graph-mode decode: Orpheus-3B's geometry at 1
 row 7.1 against 9.7 (tensor cores) at 256 tokens, 10.7 against 11.6 at 1024; Qwen3-TTS's 6.3 against 8.9 and 9.1
 against 10.3 (CUDA cores); at 2 rows 8.4 / 12.3 against 10.1-10.6 / 11.0-12.6; from 4 rows on the two trade places
-by length, so FlashInfer keeps those buckets (MAX_ROWS).
+by length, so FlashInfer keeps those buckets (MAX_ROWS). In the captured decode step (graph_ms) it gained for
+Qwen3-TTS's talker (group 2: 3.667 -> 3.615 ms at 1 row) and lost for Orpheus (group 3: 2.098 -> 2.119 ms), whose
+decode FlashInfer runs on its tensor cores.
 """
 
 from __future__ import annotations
