@@ -1,11 +1,12 @@
 """A depth transformer's one-position step (`layers/depth.DepthTransformer.step` with n == 1) as one persistent
-Triton kernel at a few rows: the input projection, every layer and the head's float32 logits in one launch.
+Triton kernel at one row: the input projection, every layer and the head's float32 logits in one launch.
 
 At one row the step is ~33 launches of a few microseconds each (Qwen3-TTS's code predictor: 5 layers of 1024, 14
 such steps a frame), each paying its launch and its first loads' latency before its weights stream; the weights
-it reads (~165 MB) would take ~35 us at the HBM's bandwidth. Here PROGRAMS programs (one per SM) run the step's
-phases in order and wait for each other between them on a grid barrier (an atomic counter in global memory,
-whose top bit flips at every barrier, so it needs no reset between launches):
+it reads (~165 MB) would take ~35 us at the HBM's bandwidth. Here PROGRAMS programs (`settings.programs_per_sm`
+per SM, or as many as the compiled kernel lets be resident) run the step's phases in order and wait for each
+other between them on a grid barrier (an atomic counter in global memory, whose top bit flips at every barrier,
+so it needs no reset between launches):
 
     in_proj (when it is a Linear) | per layer: qkv (residual add + RMSNorm folded in) | attention | o |
     gate/up (residual add + RMSNorm + SwiGLU folded in) | down | final norm + head
@@ -16,8 +17,9 @@ computes, one program per (row, query head) issuing all its loads at once (the n
 written to the cache). So the kernel computes what the unfused step with those kernels computes, up to the
 projections' block sizes (summation order), and only the launches and the waits between them differ.
 
-The programs must all be resident at once (a barrier waits for every one): PROGRAMS is at most the SM count and a
-program needs far less than an SM, so an otherwise busy GPU delays the barrier but cannot deadlock it.
+The programs must all be resident at once (a barrier waits for every one): PROGRAMS is bounded by the SMs times the
+programs one SM holds (from the compiled kernel's registers, shared memory and warps), so an otherwise busy GPU
+delays the barrier but cannot deadlock it.
 
 `PHASE` >= 0 runs one phase and no barrier: the phases launched one after the other (`phased=True`) compute the
 same, which is how Triton's interpreter (it runs programs one at a time, so a barrier could never be passed)
@@ -125,7 +127,7 @@ class Settings:
     do not let that many be resident), warps per program, the float32 accumulator elements of a projection's column
     block (its K block follows), the largest column block, pipeline stages."""
 
-    programs_per_sm: int = 2
+    programs_per_sm: int = 4  # the best of benchmark/depth_step.py's settings on an H200 (2 were resident)
     warps: int = 4
     acc_elements: int = 8192
     max_block_n: int = 64
