@@ -129,8 +129,14 @@ def test_serves_few_row_cuda_launches_only(monkeypatch: pytest.MonkeyPatch) -> N
     assert dk.serves(q, cache) == (dk.triton is not None)
     assert not dk.serves(torch.zeros(dk.MAX_ROWS + 1, 4, 16), cache)
     assert not dk.serves(torch.zeros(1, 4, 12), cache)  # a head dim that is no power of two
+    assert not dk.serves(q, cache, tensor_cores=True)  # FlashInfer's tensor-core decode stays, unless "all"
+    monkeypatch.setenv(dk.ENV, "all")
+    assert dk.serves(q, cache, tensor_cores=True) == (dk.triton is not None)
     monkeypatch.setenv(dk.ENV, "0")
     assert not dk.serves(q, cache)
+    monkeypatch.setenv(dk.ENV, "yes")
+    with pytest.raises(ValueError, match="VOX_TRITON_DECODE"):
+        dk.serves(q, cache)
 
 
 def test_rejects_a_workspace_of_another_geometry() -> None:

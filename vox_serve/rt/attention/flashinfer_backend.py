@@ -175,7 +175,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         cache = self.kv_caches[layer]
         q = self._write_kv(cache, q, k, v, bufs.slot_mapping[: q.shape[0]], prep)
         if self._plan.is_decode:
-            if not self._tensor_cores and triton_decode.serves(q, cache):  # 1-2 rows: rt/attention/triton_decode
+            if triton_decode.serves(q, cache, self._tensor_cores):  # 1-2 rows: rt/attention/triton_decode
                 return triton_decode.decode_attention(q, cache, bufs.page_table[: q.shape[0]],
                                                       bufs.kv_lens[: q.shape[0]], self.scale, self._decode_workspace(q))
             return self._active_decode.run(q, cache)

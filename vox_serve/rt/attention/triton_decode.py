@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from vox_serve.rt import pdl
+
 try:
     import triton
     import triton.language as tl
@@ -115,7 +117,8 @@ def decode_attention(q: Tensor, cache: Tensor, page_table: Tensor, kv_lens: Tens
         q, cache, page_table, kv_lens, out, workspace.partial_out, workspace.partial_ml, workspace.counters,
         scale, q.stride(0), q.stride(1), page_table.stride(0), out.stride(0), out.stride(1),
         HKV=num_kv_heads, G=group, G_PAD=gp, D=head_dim, PAGE=page_size, SPLITS=workspace.splits,
-        BLOCK_N=config.block_n, DOT=config.dot, num_warps=config.warps, num_stages=config.stages)
+        BLOCK_N=config.block_n, DOT=config.dot, num_warps=config.warps, num_stages=config.stages,
+        **pdl.launch_options(q))
     return out
 
 
@@ -162,7 +165,8 @@ if triton is not None:
     def _decode_kernel(q_ptr, cache_ptr, pt_ptr, kv_lens_ptr, out_ptr, po_ptr, pml_ptr, counter_ptr, scale,
                        stride_qr, stride_qh, stride_pt, stride_or, stride_oh, HKV: tl.constexpr, G: tl.constexpr,
                        G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, SPLITS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+                       BLOCK_N: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr):
+        pdl.enter(PDL)
         row = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
@@ -212,10 +216,21 @@ if triton is not None:
                 tl.atomic_xchg(counter_ptr + row * HKV + h, 0, sem="relaxed")
 
 
-def serves(q: Tensor, cache: Tensor) -> bool:
+def setting() -> str:
+    """VOX_TRITON_DECODE: 1 (the default: where FlashInfer's decode runs on CUDA cores), all (every geometry, for
+    A/B measurements against the tensor-core decode) or 0 (never)."""
+    value = os.environ.get(ENV, "1").strip().lower() or "1"
+    if value not in ("0", "1", "all"):
+        raise ValueError(f"{ENV}={value!r}: use 1 (the default), all or 0")
+    return value
+
+
+def serves(q: Tensor, cache: Tensor, tensor_cores: bool = False) -> bool:
     """Whether a decode launch of q [rows, Hq, D] over `cache` [P, 2, page, Hkv, D] runs here: CUDA, at most MAX_ROWS
-    rows, a power-of-two head dim, a page size that divides or is divided by the block, unless VOX_TRITON_DECODE=0."""
-    if triton is None or not q.is_cuda or os.environ.get(ENV, "1") == "0":
+    rows, a power-of-two head dim, a page size that divides or is divided by the block, as `setting()` says for a
+    geometry whose FlashInfer decode would run on its tensor cores or not."""
+    value = setting()
+    if triton is None or not q.is_cuda or value == "0" or (tensor_cores and value != "all"):
         return False
     rows, hq, d = q.shape
     page, hkv = cache.shape[2], cache.shape[3]
