@@ -82,8 +82,9 @@ def main() -> None:
                 print(f"rows {rows}: setting {text}: failed: {str(e)[:200]}", flush=True)
                 continue
             diff = (got - ref).abs().max().item()
+            programs = max(n for key, n in depth_step._GRIDS.items() if key[1] == depth_step.settings)
             print(f"rows {rows}: kernel {text:14s} {us:7.2f} us/step ({weight_bytes / us / 1e6:.2f} TB/s, "
-                  f"x{base / us:.2f}; programs {depth_step.last_grid}; max diff {diff:.2e})", flush=True)
+                  f"x{base / us:.2f}; programs {programs}; max diff {diff:.2e})", flush=True)
 
 
 if __name__ == "__main__":

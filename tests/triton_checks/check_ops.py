@@ -529,13 +529,13 @@ def check_orpheus_step(device: str = "cpu") -> None:
         got_logits = logits.clone().to(device)
         sk.forced = True
         try:
-            local = sk.constrain(got_logits, history.to(device), slot.to(device), allow_stop.to(device))
+            local, mask = sk.constrain(got_logits, history.to(device), slot.to(device), allow_stop.to(device))
             cand = torch.randint(0, sk.CODES_PER_SLOT + 1, (n,), generator=gen)
             cand[::3] = sk.CODES_PER_SLOT
             emitted = sk.emit(cand.to(device), slot.to(device))
         finally:
             sk.forced = None
-        assert torch.equal(local.cpu(), ref_local), n
+        assert mask is None and torch.equal(local.cpu(), ref_local), n  # the kernel ran: no mask for the draw
         assert torch.equal(got_logits.cpu(), torch.where(allowed, logits, float("-inf"))), n
         assert torch.equal(kernels.sample(got_logits.cpu(), params, local.cpu(), None), want), n
         for got_t, want_t in zip(emitted, sk.emit_reference(cand, slot), strict=True):

@@ -136,7 +136,6 @@ class Settings:
 
 settings = Settings()
 _GRIDS: dict[tuple, int] = {}  # (device, settings, constexprs) -> the programs launched
-last_grid = 0  # the programs of the last persistent launch (benchmarks)
 
 
 def _blocks(n: int, k: int, rows: int, programs: int, gated: bool = False) -> dict[str, int]:
@@ -202,8 +201,7 @@ def run(depth: nn.Module, stacked: Stacked, x: Tensor, slots: Tensor, positions:
             _depth_step_kernel[(sms,)](*args, **consts, PROGRAMS=sms, PHASE=phase, num_warps=settings.warps,
                                        num_stages=settings.stages)
         return out
-    global last_grid
-    programs = last_grid = _grid(args, consts, x.device, sms)
+    programs = _grid(args, consts, x.device, sms)
     _depth_step_kernel[(programs,)](*args, **consts, PROGRAMS=programs, PHASE=-1, num_warps=settings.warps,
                                     num_stages=settings.stages)
     return out

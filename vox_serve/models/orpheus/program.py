@@ -82,9 +82,7 @@ class OrpheusProgram(Program):
         last = hidden[b.logits_index]
         slot = b.num_codes % SLOTS_PER_FRAME  # the token's place in its frame
         if self.constrain_audio:
-            cand = self._draw_constrained(last, b, slot)
-            fused = step_kernels.emit(cand, slot)
-            token, code, kind = fused if fused is not None else step_kernels.emit_reference(cand, slot)
+            token, code, kind = step_kernels.emit(self._draw_constrained(last, b, slot), slot)
         else:
             token = self._sample_full(last, b)
             code, kind = step_kernels.code_and_kind(token, slot)
@@ -108,10 +106,7 @@ class OrpheusProgram(Program):
             audio = audio.gather(1, slot.view(n, 1, 1).expand(n, 1, CODES_PER_SLOT)).squeeze(1)
             stop = (hidden @ w[STOP_ID]).float().unsqueeze(1)
             logits = torch.cat([audio, stop], dim=1)
-        local = step_kernels.constrain(logits, b.history, slot, b.allow_stop)  # (then no mask: see there)
-        if local is not None:
-            return kernels.sample(logits, b.sampling, local, None)
-        local, allowed = step_kernels.constrain_reference(b.history, slot, b.allow_stop)
+        local, allowed = step_kernels.constrain(logits, b.history, slot, b.allow_stop)  # (a kernel: no mask)
         return kernels.sample(logits, b.sampling, local, allowed)
 
     # ---- codec ---------------------------------------------------------------------------

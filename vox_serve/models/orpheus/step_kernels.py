@@ -68,27 +68,26 @@ def code_and_kind(token: Tensor, slot: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(is_audio, code, 0), kind
 
 
-def constrain(logits: Tensor, history: Tensor, slot: Tensor, allow_stop: Tensor) -> Tensor | None:
-    """The window in candidate space [n, W], with logits [n, 4097] float32's stop column set to -inf in place where
-    the stop is not allowed (what constrain_reference's mask does in the draw); None where the kernel does not run."""
-    if not _on(logits):
-        return None
+def constrain(logits: Tensor, history: Tensor, slot: Tensor, allow_stop: Tensor) -> tuple[Tensor, Tensor | None]:
+    """(window in candidate space [n, W], allowed mask for the draw): where the kernel runs, logits [n, 4097]
+    float32's stop column is set to -inf in place where the stop is not allowed (what constrain_reference's mask
+    does in the draw) and the mask is None; elsewhere constrain_reference's pair."""
     n, width = history.shape
-    if logits.shape != (n, CODES_PER_SLOT + 1) or logits.stride(1) != 1:
-        return None
+    if not _on(logits) or logits.shape != (n, CODES_PER_SLOT + 1) or logits.stride(1) != 1:
+        return constrain_reference(history, slot, allow_stop)
     history, slot, allow_stop = history.contiguous(), slot.contiguous(), allow_stop.contiguous()
     local = torch.empty(n, width, dtype=torch.int64, device=history.device)
     if n:
         _constrain_kernel[(n,)](logits, history, slot, allow_stop, local, logits.stride(0), W=width,
                                 W_BLOCK=triton.next_power_of_2(max(width, 1)), AUDIO_START=AUDIO_START,
                                 CODES=CODES_PER_SLOT, STOP=STOP_ID, num_warps=1, **pdl.launch_options(logits))
-    return local
+    return local, None
 
 
-def emit(cand: Tensor, slot: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
-    """emit_reference in one kernel; None where it does not run."""
+def emit(cand: Tensor, slot: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """emit_reference, in one kernel where it runs."""
     if not _on(cand):
-        return None
+        return emit_reference(cand, slot)
     cand, slot = cand.contiguous(), slot.contiguous()
     n = cand.shape[0]
     token, code, kind = (torch.empty(n, dtype=torch.int64, device=cand.device) for _ in range(3))
