@@ -5,7 +5,7 @@
 # decode-attention candidate's GPU tests and its times against FlashInfer (ATTENTION_ARGS), then (PROFILE=1, and
 # DEPTH_AB=1 for Qwen3-TTS with VOX_DEPTH_ATTENTION=1 as well, PDL_AB=1 with VOX_PDL=0,
 # ORPHEUS_AB=1 with VOX_ORPHEUS_STEP_KERNELS=1, STEP_AB=1 with VOX_DEPTH_STEP=1,
-# FI_DECODE_AB=1 with VOX_TRITON_DECODE=0, ALL_DECODE_AB=1 with VOX_TRITON_DECODE=all, ROWS_AB=1 with VOX_LAUNCH_ROWS=0) the
+# FI_DECODE_AB=1 with VOX_TRITON_DECODE=0, ROWS_AB=1 with VOX_LAUNCH_ROWS=0) the
 # decode stages of Orpheus-3B and Qwen3-TTS-1.7B with the table and, from TREE_BEFORE (default .before), without.
 # Usage (repo root): bash benchmark/gpu_small_gemm.sh
 set -uo pipefail
@@ -52,8 +52,6 @@ if [ "${PROFILE:-0}" = 1 ]; then
   [ "${STEP_AB:-0}" = 1 ] && VOX_DEPTH_STEP=1 MODELS=qwen3-tts profile depth_step .
   # FI_DECODE_AB=1: both models again with FlashInfer's decode at 1-2 rows (rt/attention/triton_decode.py off)
   [ "${FI_DECODE_AB:-0}" = 1 ] && VOX_TRITON_DECODE=0 profile flashinfer_decode .
-  # ALL_DECODE_AB=1: both models again with the Triton decode for every geometry at 1-2 rows (Orpheus' tensor-core one)
-  [ "${ALL_DECODE_AB:-0}" = 1 ] && VOX_TRITON_DECODE=all profile triton_decode_all .
   # ROWS_AB=1: both models again with lm_batch's PyTorch launch rows (rt/launch_rows.py off)
   [ "${ROWS_AB:-0}" = 1 ] && VOX_LAUNCH_ROWS=0 profile torch_rows .
   [ -d "${TREE_BEFORE:-.before}" ] && VOX_SMALL_GEMM=0 profile before "${TREE_BEFORE:-.before}"

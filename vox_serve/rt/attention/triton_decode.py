@@ -25,7 +25,8 @@ row 7.1 against 9.7 (tensor cores) at 256 tokens, 10.7 against 11.6 at 1024; Qwe
 against 10.3 (CUDA cores); at 2 rows 8.4 / 12.3 against 10.1-10.6 / 11.0-12.6; from 4 rows on the two trade places
 by length, so FlashInfer keeps those buckets (MAX_ROWS). In the captured decode step (graph_ms) it gained for
 Qwen3-TTS's talker (group 2: 3.667 -> 3.615 ms at 1 row) and lost for Orpheus (group 3: 2.098 -> 2.119 ms), whose
-decode FlashInfer runs on its tensor cores.
+decode FlashInfer runs on its tensor cores. This kernel does not take part in programmatic dependent launch
+(rt/pdl.py) yet; whether that turns Orpheus' loss around is not measured (`VOX_TRITON_DECODE=all` is the A/B).
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-
-from vox_serve.rt import pdl
 
 try:
     import triton
@@ -117,8 +116,7 @@ def decode_attention(q: Tensor, cache: Tensor, page_table: Tensor, kv_lens: Tens
         q, cache, page_table, kv_lens, out, workspace.partial_out, workspace.partial_ml, workspace.counters,
         scale, q.stride(0), q.stride(1), page_table.stride(0), out.stride(0), out.stride(1),
         HKV=num_kv_heads, G=group, G_PAD=gp, D=head_dim, PAGE=page_size, SPLITS=workspace.splits,
-        BLOCK_N=config.block_n, DOT=config.dot, num_warps=config.warps, num_stages=config.stages,
-        **pdl.launch_options(q))
+        BLOCK_N=config.block_n, DOT=config.dot, num_warps=config.warps, num_stages=config.stages)
     return out
 
 
@@ -165,8 +163,7 @@ if triton is not None:
     def _decode_kernel(q_ptr, cache_ptr, pt_ptr, kv_lens_ptr, out_ptr, po_ptr, pml_ptr, counter_ptr, scale,
                        stride_qr, stride_qh, stride_pt, stride_or, stride_oh, HKV: tl.constexpr, G: tl.constexpr,
                        G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, SPLITS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr):
-        pdl.enter(PDL)
+                       BLOCK_N: tl.constexpr, DOT: tl.constexpr):
         row = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
