@@ -1,6 +1,8 @@
 """Device time of one decode-attention launch: the planless Triton kernel of vox_serve/rt/attention/triton_decode.py
 against FlashInfer's graph-mode decode (CUDA-core and tensor-core kernels, the latter also planned without split
-KV), per batch bucket and KV length.
+KV and on its SM90 backend, fa3) and its XQA decode (TensorRT-LLM's kernel, planless; Hopper and later), per batch
+bucket and KV length. A candidate that fails on this machine (no module for it, an unsupported shape) is reported
+as such and the others still run.
 
     python benchmark/decode_attention.py [--rows 1,2,4,8,16,32,64] [--kv 256,1024,2048] [--geometry orpheus,qwen3]
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmark.sampler import graph_us  # noqa: E402
+from vox_serve.rt.attention import xqa_decode as xqa  # noqa: E402
 from vox_serve.rt.attention.triton_decode import (  # noqa: E402
     DEFAULT_CONFIG,
     PROGRAMS_PER_SM,
@@ -39,20 +43,21 @@ from vox_serve.rt.attention.triton_decode import (  # noqa: E402
 
 GEOMETRIES = {"orpheus": (28, 24, 8), "qwen3": (28, 16, 8)}  # layers, query heads, KV heads (head dim 128)
 PAGE, DIM = 16, 128
-MAX_TOKENS = 1 << 17  # rows x KV length per case (the caches of every layer must fit)
+MAX_TOKENS = 1 << 18  # rows x KV length per case (the caches of every layer must fit)
 
 
 def flashinfer_decode(tensor_cores: bool, rows: int, table: torch.Tensor, kv_len: int, hq: int, hkv: int,
-                      split: bool = True):
+                      split: bool = True, backend: str = "auto"):
     """FlashInfer's graph-mode decode planned for the case; `split=False` (tensor cores only) plans it with
-    disable_split_kv: one kernel, no merge."""
+    disable_split_kv: one kernel, no merge; `backend="fa3"` (tensor cores) runs its SM90 prefill kernels."""
     import flashinfer
 
     pages = table.shape[1]
     dev = table.device
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
         torch.zeros(128 << 20, dtype=torch.uint8, device=dev), "NHD", use_cuda_graph=True,
-        use_tensor_cores=tensor_cores, paged_kv_indptr_buffer=torch.zeros(rows + 1, dtype=torch.int32, device=dev),
+        use_tensor_cores=tensor_cores, backend=backend,
+        paged_kv_indptr_buffer=torch.zeros(rows + 1, dtype=torch.int32, device=dev),
         paged_kv_indices_buffer=table.flatten().clone(),
         paged_kv_last_page_len_buffer=torch.zeros(rows, dtype=torch.int32, device=dev))
     indptr = torch.arange(rows + 1, dtype=torch.int32) * pages
@@ -61,6 +66,12 @@ def flashinfer_decode(tensor_cores: bool, rows: int, table: torch.Tensor, kv_len
                  q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=DIM ** -0.5,
                  **({} if split else {"disable_split_kv": True}))
     return wrapper
+
+
+def xqa_decode(q: torch.Tensor, kv_lens: torch.Tensor, table: torch.Tensor):
+    """vox_serve/rt/attention/xqa_decode's launch (FlashInfer's XQA kernel) over the same cache and page table."""
+    work = xqa.workspace(q.device)
+    return lambda cache: xqa.decode_attention(q, cache, table, kv_lens, DIM ** -0.5, work)
 
 
 def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: int) -> dict[str, float]:
@@ -82,12 +93,26 @@ def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: in
 
     out["triton"] = graph_us(triton_call, layers)
     got = decode_attention(q, caches[0], table, kv_lens, DIM ** -0.5, ws, config)
-    for name, tc, split in (("flashinfer", False, True), ("flashinfer_tc", True, True),
-                            ("flashinfer_tc_nosplit", True, False)):
-        wrapper = flashinfer_decode(tc, rows, table, kv_len, hq, hkv, split)
-        out[name] = graph_us(lambda w=wrapper: w.run(q, caches[next(layer) % layers]), layers)
-        ref = wrapper.run(q, caches[0])
-        out[f"err_{name}"] = (got.float() - ref.float()).abs().max().item()
+    def wrapper_run(tc: bool, split: bool, backend: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        wrapper = flashinfer_decode(tc, rows, table, kv_len, hq, hkv, split, backend)
+        return lambda cache: wrapper.run(q, cache)
+
+    makers: dict[str, Callable[[], Callable[[torch.Tensor], torch.Tensor]]] = {
+        "flashinfer": lambda: wrapper_run(False, True, "auto"),
+        "flashinfer_tc": lambda: wrapper_run(True, True, "auto"),
+        "flashinfer_tc_nosplit": lambda: wrapper_run(True, False, "auto"),
+        "flashinfer_fa3": lambda: wrapper_run(True, True, "fa3"),
+        "xqa": lambda: xqa_decode(q, kv_lens, table),
+    }
+    for name, make in makers.items():
+        try:
+            run = make()
+            ref = run(caches[0])
+            out[name] = graph_us(lambda run=run: run(caches[next(layer) % layers]), layers)
+            out[f"err_{name}"] = (got.float() - ref.float()).abs().max().item()
+        except Exception as e:  # noqa: BLE001 - a candidate this machine cannot run: reported, the others go on
+            print(f"  {name} failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+            out[name], out[f"err_{name}"] = float("nan"), float("nan")
     return out
 
 
@@ -112,8 +137,9 @@ def main() -> None:
                 best = min(r["flashinfer"], r["flashinfer_tc"])
                 print(f"{geometry:8s} kv {kv_len:5d} rows {rows:3d}: triton {r['triton']:7.2f} us, flashinfer "
                       f"{r['flashinfer']:7.2f} us, tensor cores {r['flashinfer_tc']:7.2f} us, unsplit "
-                      f"{r['flashinfer_tc_nosplit']:7.2f} us "
-                      f"(x{best / r['triton']:.2f}; max diff {r['err_flashinfer']:.1e})", flush=True)
+                      f"{r['flashinfer_tc_nosplit']:7.2f} us, fa3 {r['flashinfer_fa3']:7.2f} us, xqa "
+                      f"{r['xqa']:7.2f} us (x{best / r['triton']:.2f}; max diff {r['err_flashinfer']:.1e}, fa3 "
+                      f"{r['err_flashinfer_fa3']:.1e}, xqa {r['err_xqa']:.1e})", flush=True)
                 torch.cuda.empty_cache()
 
 

@@ -30,7 +30,7 @@ import flashinfer
 import torch
 from torch import Tensor
 
-from vox_serve.rt.attention import triton_decode
+from vox_serve.rt.attention import triton_decode, xqa_decode
 from vox_serve.rt.attention.base import AttentionBackend, AttentionBuffers, AttentionPlan, PlanInputs
 from vox_serve.rt.attention.kv_write import QKPrep
 
@@ -60,6 +60,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._plan: AttentionPlan | None = None
         self._active_decode: Any = None
         self._forced_tensor_cores = os.environ.get("VOX_DECODE_TENSOR_CORES")
+        self._xqa_workspace: Tensor | None = None  # rt/attention/xqa_decode's, allocated at its first launch
         self._triton_workspaces: dict[int, triton_decode.DecodeWorkspace] = {}  # rows -> the bucket's
 
     def planner_of(self, plan: AttentionPlan) -> str:
@@ -178,6 +179,11 @@ class FlashInferAttentionBackend(AttentionBackend):
             if triton_decode.serves(q, cache, self._tensor_cores):  # 1-2 rows: rt/attention/triton_decode
                 return triton_decode.decode_attention(q, cache, bufs.page_table[: q.shape[0]],
                                                       bufs.kv_lens[: q.shape[0]], self.scale, self._decode_workspace(q))
+            if xqa_decode.serves(q, cache):  # VOX_XQA_DECODE=1: rt/attention/xqa_decode
+                if self._xqa_workspace is None:
+                    self._xqa_workspace = xqa_decode.workspace(q.device)
+                return xqa_decode.decode_attention(q, cache, bufs.page_table[: q.shape[0]], bufs.kv_lens[: q.shape[0]],
+                                                   self.scale, self._xqa_workspace)
             return self._active_decode.run(q, cache)
         wrapper, out = self._active_prefill
         if out is not None:  # captured: every row of the bucket goes in, the planned ones are written
