@@ -31,7 +31,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmark.sampler import graph_us  # noqa: E402
-from vox_serve.rt.attention import xqa_decode as xqa  # noqa: E402
 from vox_serve.rt.attention.triton_decode import (  # noqa: E402
     DEFAULT_CONFIG,
     PROGRAMS_PER_SM,
@@ -69,9 +68,16 @@ def flashinfer_decode(tensor_cores: bool, rows: int, table: torch.Tensor, kv_len
 
 
 def xqa_decode(q: torch.Tensor, kv_lens: torch.Tensor, table: torch.Tensor):
-    """vox_serve/rt/attention/xqa_decode's launch (FlashInfer's XQA kernel) over the same cache and page table."""
-    work = xqa.workspace(q.device)
-    return lambda cache: xqa.decode_attention(q, cache, table, kv_lens, DIM ** -0.5, work)
+    """FlashInfer's XQA decode over the same paged cache [P, 2, page, Hkv, D] (NHD) and page table: no plan; its
+    workspace (semaphores first) zeroed once, as it requires. Its grid follows the page table's width (the
+    longest sequence it could hold), not the rows' lengths: here the table is as wide as the case's KV."""
+    import flashinfer
+
+    work = torch.zeros(256 << 20, dtype=torch.uint8, device=q.device)
+    seq_lens = kv_lens.view(torch.uint32)
+    return lambda cache: flashinfer.decode.xqa_batch_decode_with_kv_cache(
+        q, cache, work, table, seq_lens, table.shape[1] * PAGE, bmm1_scale=DIM ** -0.5, bmm2_scale=1.0,
+        kv_layout="NHD")
 
 
 def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: int) -> dict[str, float]:

@@ -52,8 +52,6 @@ if [ "${PROFILE:-0}" = 1 ]; then
   [ "${STEP_AB:-0}" = 1 ] && VOX_DEPTH_STEP=1 MODELS=qwen3-tts profile depth_step .
   # FI_DECODE_AB=1: both models again with FlashInfer's decode at 1-2 rows (rt/attention/triton_decode.py off)
   [ "${FI_DECODE_AB:-0}" = 1 ] && VOX_TRITON_DECODE=0 profile flashinfer_decode .
-  # XQA_AB=1: both models again with FlashInfer's XQA decode for the buckets the Triton decode leaves (rt/attention/xqa_decode.py)
-  [ "${XQA_AB:-0}" = 1 ] && VOX_XQA_DECODE=1 profile xqa .
   # ROWS_AB=1: both models again with lm_batch's PyTorch launch rows (rt/launch_rows.py off)
   [ "${ROWS_AB:-0}" = 1 ] && VOX_LAUNCH_ROWS=0 profile torch_rows .
   [ -d "${TREE_BEFORE:-.before}" ] && VOX_SMALL_GEMM=0 profile before "${TREE_BEFORE:-.before}"

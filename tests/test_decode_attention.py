@@ -139,20 +139,6 @@ def test_serves_few_row_cuda_launches_only(monkeypatch: pytest.MonkeyPatch) -> N
         dk.serves(q, cache)
 
 
-def test_xqa_decode_is_off_by_default_and_refuses_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vox_serve.rt.attention import xqa_decode
-
-    q, cache = torch.zeros(2, 24, 128, dtype=torch.bfloat16), torch.zeros(3, 2, 16, 8, 128, dtype=torch.bfloat16)
-    monkeypatch.delenv(xqa_decode.ENV, raising=False)
-    assert not xqa_decode.enabled()
-    monkeypatch.setenv(xqa_decode.ENV, "1")
-    assert xqa_decode.enabled()
-    assert not xqa_decode.serves(q, cache)  # CPU tensors: FlashInfer's kernels run on CUDA only
-    monkeypatch.setenv(xqa_decode.ENV, "yes")
-    with pytest.raises(ValueError, match="VOX_XQA_DECODE"):
-        xqa_decode.enabled()
-
-
 def test_rejects_a_workspace_of_another_geometry() -> None:
     dk = kernel_module()
 

@@ -109,13 +109,10 @@ def test_csm_graph_replay_equals_eager() -> None:
 
 @pytest.mark.skipif(not flashinfer_available(), reason="flashinfer not installed")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("xqa", ["0", "1"])
-def test_flashinfer_equals_torch_backend(dtype: torch.dtype, xqa: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_flashinfer_equals_torch_backend(dtype: torch.dtype) -> None:
     """Mixed prefill (fresh and chunked) and decode batches with ragged lengths and scattered pages; at 16 query
     heads over 8 (FlashInfer's CUDA-core decode) the 1- and 2-row decode launches run rt/attention/triton_decode's
-    kernel, at 24 over 8 FlashInfer's tensor-core decode; with VOX_XQA_DECODE=1 (bfloat16) the other decode
-    launches run rt/attention/xqa_decode's."""
-    monkeypatch.setenv("VOX_XQA_DECODE", xqa)
+    kernel, at 24 over 8 FlashInfer's tensor-core decode."""
     for q_heads in (24, 16):
         _flashinfer_against_torch(dtype, q_heads)
 

@@ -30,7 +30,7 @@ import flashinfer
 import torch
 from torch import Tensor
 
-from vox_serve.rt.attention import triton_decode, xqa_decode
+from vox_serve.rt.attention import triton_decode
 from vox_serve.rt.attention.base import AttentionBackend, AttentionBuffers, AttentionPlan, PlanInputs
 from vox_serve.rt.attention.kv_write import QKPrep
 
@@ -38,7 +38,9 @@ WORKSPACE_BYTES = 128 << 20
 # Decode on tensor cores (FlashInfer's prefill kernels) from this GQA group size on; VOX_DECODE_TENSOR_CORES=0/1
 # forces one kind. Measured on the H200 (benchmark/results/h200-2026-12-02c, decode graph ms, 512 tokens of KV):
 # Orpheus (group 3) 1 row 2.90 -> 2.84, 64 rows 4.30 -> 4.11, 256 rows with 1024 tokens 12.21 -> 11.43;
-# Qwen3-TTS's talker (group 2) slower on tensor cores at 16-256 rows (256: 13.31 -> 13.71).
+# Qwen3-TTS's talker (group 2) slower on tensor cores at 16-256 rows (256: 13.31 -> 13.71). FlashInfer's fa3 decode
+# (2-4x slower alone) and its XQA decode (slower in the step at 1-256 rows: its grid follows the page table's width)
+# were measured and not taken (benchmark/results/h200-2026-12-03e).
 TENSOR_CORE_GROUP = 3
 
 
@@ -60,7 +62,6 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._plan: AttentionPlan | None = None
         self._active_decode: Any = None
         self._forced_tensor_cores = os.environ.get("VOX_DECODE_TENSOR_CORES")
-        self._xqa_workspace: Tensor | None = None  # rt/attention/xqa_decode's, allocated at its first launch
         self._triton_workspaces: dict[int, triton_decode.DecodeWorkspace] = {}  # rows -> the bucket's
 
     def planner_of(self, plan: AttentionPlan) -> str:
@@ -179,11 +180,6 @@ class FlashInferAttentionBackend(AttentionBackend):
             if triton_decode.serves(q, cache, self._tensor_cores):  # 1-2 rows: rt/attention/triton_decode
                 return triton_decode.decode_attention(q, cache, bufs.page_table[: q.shape[0]],
                                                       bufs.kv_lens[: q.shape[0]], self.scale, self._decode_workspace(q))
-            if xqa_decode.serves(q, cache):  # VOX_XQA_DECODE=1: rt/attention/xqa_decode
-                if self._xqa_workspace is None:
-                    self._xqa_workspace = xqa_decode.workspace(q.device)
-                return xqa_decode.decode_attention(q, cache, bufs.page_table[: q.shape[0]], bufs.kv_lens[: q.shape[0]],
-                                                   self.scale, self._xqa_workspace)
             return self._active_decode.run(q, cache)
         wrapper, out = self._active_prefill
         if out is not None:  # captured: every row of the bucket goes in, the planned ones are written
