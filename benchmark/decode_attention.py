@@ -69,8 +69,8 @@ def flashinfer_decode(tensor_cores: bool, rows: int, table: torch.Tensor, kv_len
 
 def xqa_decode(q: torch.Tensor, kv_lens: torch.Tensor, table: torch.Tensor):
     """FlashInfer's XQA decode over the same paged cache [P, 2, page, Hkv, D] (NHD) and page table: no plan; its
-    workspace (semaphores first) zeroed once, as it requires. Its grid follows the page table's width (the
-    longest sequence it could hold), not the rows' lengths: here the table is as wide as the case's KV."""
+    workspace (semaphores first) zeroed once, as it requires. Its grid seems to follow the page table's width (the
+    longest sequence it could hold), not the rows' lengths (`--table-tokens` sets that width)."""
     import flashinfer
 
     work = torch.zeros(256 << 20, dtype=torch.uint8, device=q.device)
@@ -80,13 +80,18 @@ def xqa_decode(q: torch.Tensor, kv_lens: torch.Tensor, table: torch.Tensor):
         kv_layout="NHD")
 
 
-def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: int) -> dict[str, float]:
+def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: int,
+         table_tokens: int = 0) -> dict[str, float]:
+    """One shape's times and differences; the planless kernels (Triton, XQA) read a page table `table_tokens` wide
+    (its padding the null page 0), as a serving step's table is `--max-model-len` wide; FlashInfer reads the pages
+    planned."""
     layers, hq, hkv = GEOMETRIES[geometry]
     dev = torch.device("cuda")
     pages = -(-kv_len // PAGE)
     num_pages = rows * pages + 1
     caches = [torch.randn(num_pages, 2, PAGE, hkv, DIM, device=dev, dtype=torch.bfloat16) for _ in range(layers)]
     table = (torch.randperm(num_pages - 1, device=dev)[: rows * pages] + 1).view(rows, pages).to(torch.int32)
+    wide = torch.nn.functional.pad(table, (0, max(0, -(-table_tokens // PAGE) - pages)))
     kv_lens = torch.full((rows,), kv_len, dtype=torch.int32, device=dev)
     q = torch.randn(rows, hq, DIM, device=dev, dtype=torch.bfloat16)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -95,10 +100,10 @@ def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: in
     layer = itertools.count()  # each call takes the next layer's cache
 
     def triton_call() -> object:
-        return decode_attention(q, caches[next(layer) % layers], table, kv_lens, DIM ** -0.5, ws, config)
+        return decode_attention(q, caches[next(layer) % layers], wide, kv_lens, DIM ** -0.5, ws, config)
 
     out["triton"] = graph_us(triton_call, layers)
-    got = decode_attention(q, caches[0], table, kv_lens, DIM ** -0.5, ws, config)
+    got = decode_attention(q, caches[0], wide, kv_lens, DIM ** -0.5, ws, config)
     def wrapper_run(tc: bool, split: bool, backend: str) -> Callable[[torch.Tensor], torch.Tensor]:
         wrapper = flashinfer_decode(tc, rows, table, kv_len, hq, hkv, split, backend)
         return lambda cache: wrapper.run(q, cache)
@@ -108,7 +113,7 @@ def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: in
         "flashinfer_tc": lambda: wrapper_run(True, True, "auto"),
         "flashinfer_tc_nosplit": lambda: wrapper_run(True, False, "auto"),
         "flashinfer_fa3": lambda: wrapper_run(True, True, "fa3"),
-        "xqa": lambda: xqa_decode(q, kv_lens, table),
+        "xqa": lambda: xqa_decode(q, kv_lens, wide),
     }
     for name, make in makers.items():
         try:
@@ -130,6 +135,9 @@ def main() -> None:
     parser.add_argument("--block-n", type=int, default=DEFAULT_CONFIG.block_n)
     parser.add_argument("--warps", type=int, default=DEFAULT_CONFIG.warps)
     parser.add_argument("--stages", type=int, default=DEFAULT_CONFIG.stages)
+    parser.add_argument("--table-tokens", type=int, default=0,
+                        help="page-table width in tokens for the planless kernels (a server's --max-model-len; "
+                             "default: each case's KV length)")
     parser.add_argument("--programs-per-sm", type=int, default=PROGRAMS_PER_SM, help="sets the split counts")
     args = parser.parse_args()
     config = DecodeConfig(block_n=args.block_n, warps=args.warps, stages=args.stages)
@@ -139,7 +147,7 @@ def main() -> None:
             for rows in map(int, args.rows.split(",")):
                 if rows * kv_len > MAX_TOKENS:
                     continue
-                r = case(geometry, rows, kv_len, config, args.programs_per_sm)
+                r = case(geometry, rows, kv_len, config, args.programs_per_sm, args.table_tokens)
                 best = min(r["flashinfer"], r["flashinfer_tc"])
                 print(f"{geometry:8s} kv {kv_len:5d} rows {rows:3d}: triton {r['triton']:7.2f} us, flashinfer "
                       f"{r['flashinfer']:7.2f} us, tensor cores {r['flashinfer_tc']:7.2f} us, unsplit "

@@ -39,8 +39,8 @@ WORKSPACE_BYTES = 128 << 20
 # forces one kind. Measured on the H200 (benchmark/results/h200-2026-12-02c, decode graph ms, 512 tokens of KV):
 # Orpheus (group 3) 1 row 2.90 -> 2.84, 64 rows 4.30 -> 4.11, 256 rows with 1024 tokens 12.21 -> 11.43;
 # Qwen3-TTS's talker (group 2) slower on tensor cores at 16-256 rows (256: 13.31 -> 13.71). FlashInfer's fa3 decode
-# (2-4x slower alone) and its XQA decode (slower in the step at 1-256 rows: its grid follows the page table's width)
-# were measured and not taken (benchmark/results/h200-2026-12-03e).
+# (2-4x slower alone) and its XQA decode (slower in the step at 1-256 rows, likely as its grid follows the page
+# table's width) were measured and not taken (benchmark/results/h200-2026-12-03e).
 TENSOR_CORE_GROUP = 3
 
 
