@@ -14,7 +14,7 @@ real driver on the GPU host. The modules:
 - prefill_fa3: its SM90 prefill (every prefill on Hopper; 27 minutes on 2 cores);
 - xqa: its XQA decode per GQA group (--groups; only benchmark/decode_attention.py runs it).
 
-Measured on 2 cores: prefill_fa2 50 s, xqa about 20 s a group.
+Measured on 2 cores: prefill_fa2 50 s, xqa under 20 s a group.
 """
 
 from __future__ import annotations
