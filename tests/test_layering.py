@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "vox_serve"
 RANK = {  # module path prefix under vox_serve -> layer (higher may import lower)
     "core": 0, "config": 0, "request_builder": 0, "audio_input": 0, "audio": 0, "ipc": 0, "text_sessions": 0,
     "metrics": 0, "prompt_pool": 0, "__init__": 0, "audio_upload": 0, "progress": 0, "stage_stats": 1,
-    "voice_prompt": 0, "formats": 0, "bench_report": 0, "replica_transport": 0,
+    "voice_prompt": 0, "formats": 0, "bench_report": 0, "replica_transport": 0, "cpu_cores": 0,
     "scheduler": 1, "sim": 2, "trace": 2,
     "rt": 1, "layers": 2, "codecs": 2, "models": 3, "engine": 4, "worker": 5,
     "engine_loop": 2, "bench": 6, "rust_host": 6, "scheduler_entry": 6, "launch": 7, "cli": 7, "api": 7, "_rt": 0,
@@ -23,7 +23,7 @@ RANK = {  # module path prefix under vox_serve -> layer (higher may import lower
 }
 TORCH_FREE = ("core", "scheduler", "sim", "api", "config", "request_builder", "ipc", "text_sessions", "metrics",
               "trace", "engine_loop", "cli", "launch", "stage_stats", "voice_prompt", "formats", "client",
-              "audio_upload", "progress", "bench_report", "replica_transport")
+              "audio_upload", "progress", "bench_report", "replica_transport", "cpu_cores")
 TORCH_MODULES = ("torch", "triton", "flashinfer")
 
 

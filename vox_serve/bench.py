@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vox_serve import cpu_cores
 from vox_serve.bench_report import BenchOutcome, BenchPhase, BenchRecorder
 from vox_serve.config import VoxConfig
 from vox_serve.core.request import Request
@@ -24,10 +25,9 @@ from vox_serve.worker.disagg_worker import make_worker
 
 
 def set_cpu_threads(config: VoxConfig) -> None:
-    """On CPU, as many intra-op threads as there are idle cores (those the load average leaves), split
-    among the replicas; unless OMP_NUM_THREADS says otherwise. Oversubscribed threads make every step
-    many times slower: the README's main job ran 17x longer with 2 threads than with 1 on a loaded
-    2-core machine."""
+    """On CPU, as many intra-op threads as there are idle cores (`cpu_cores.idle_cores`), split among the
+    replicas; unless OMP_NUM_THREADS says otherwise. Oversubscribed threads make every step many times
+    slower (see vox_serve/cpu_cores.py)."""
     import torch
 
     device = config.model.device
@@ -35,9 +35,7 @@ def set_cpu_threads(config: VoxConfig) -> None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device != "cpu" or "OMP_NUM_THREADS" in os.environ:
         return
-    cores = os.cpu_count() or 1
-    idle = cores - int(os.getloadavg()[0]) if hasattr(os, "getloadavg") else cores
-    torch.set_num_threads(max(1, min(cores, idle) // config.server.dp_size))
+    torch.set_num_threads(max(1, cpu_cores.idle_cores() // config.server.dp_size))
 
 
 def build_engine_shown(config: VoxConfig, progress: Progress) -> tuple[Program, dict[str, Any]]:
