@@ -5,7 +5,8 @@
 # decode-attention candidate's GPU tests and its times against FlashInfer (ATTENTION_ARGS), then (PROFILE=1, and
 # DEPTH_AB=1 for Qwen3-TTS with VOX_DEPTH_ATTENTION=1 as well, PDL_AB=1 with VOX_PDL=0,
 # ORPHEUS_AB=1 with VOX_ORPHEUS_STEP_KERNELS=1, STEP_AB=1 with VOX_DEPTH_STEP=1,
-# FI_DECODE_AB=1 with VOX_TRITON_DECODE=0, ROWS_AB=1 with VOX_LAUNCH_ROWS=0) the
+# FI_DECODE_AB=1 with VOX_TRITON_DECODE=0, ROWS_AB=1 with VOX_LAUNCH_ROWS=0, TRITON_ROWS_AB=1 with
+# VOX_TRITON_DECODE=all VOX_TRITON_DECODE_ROWS=${TRITON_ROWS:-256}) the
 # decode stages of Orpheus-3B and Qwen3-TTS-1.7B with the table and, from TREE_BEFORE (default .before), without.
 # Usage (repo root): bash benchmark/gpu_small_gemm.sh
 set -uo pipefail
@@ -54,6 +55,9 @@ if [ "${PROFILE:-0}" = 1 ]; then
   [ "${FI_DECODE_AB:-0}" = 1 ] && VOX_TRITON_DECODE=0 profile flashinfer_decode .
   # ROWS_AB=1: both models again with lm_batch's PyTorch launch rows (rt/launch_rows.py off)
   [ "${ROWS_AB:-0}" = 1 ] && VOX_LAUNCH_ROWS=0 profile torch_rows .
+  # TRITON_ROWS_AB=1: both models again with the planless Triton decode at every geometry and bucket up to TRITON_ROWS
+  [ "${TRITON_ROWS_AB:-0}" = 1 ] && VOX_TRITON_DECODE=all VOX_TRITON_DECODE_ROWS=${TRITON_ROWS:-256} \
+    profile triton_rows .
   [ -d "${TREE_BEFORE:-.before}" ] && VOX_SMALL_GEMM=0 profile before "${TREE_BEFORE:-.before}"
   # one archive: the device tool brings back only a few files per call (the summaries are on stdout above)
   (cd "$OUT" && tar czf profiles.tgz --remove-files $(ls -d ./*_orpheus* ./*_qwen3-tts* 2>/dev/null) && ls -la profiles.tgz)

@@ -139,6 +139,24 @@ def test_serves_few_row_cuda_launches_only(monkeypatch: pytest.MonkeyPatch) -> N
         dk.serves(q, cache)
 
 
+def test_row_limit_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """VOX_TRITON_DECODE_ROWS raises (or lowers) the largest bucket served; anything but a positive count is refused."""
+    dk = kernel_module()
+    _, cache, _, _ = random_case(1, [3], 4, 2, 16, 4, torch.float32, seed=0)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    wide = torch.zeros(64, 4, 16)
+    assert not dk.serves(wide, cache)
+    monkeypatch.setenv(dk.ROWS_ENV, "64")
+    assert dk.serves(wide, cache) == (dk.triton is not None)
+    assert not dk.serves(torch.zeros(65, 4, 16), cache)
+    monkeypatch.setenv(dk.ROWS_ENV, "1")
+    assert not dk.serves(torch.zeros(2, 4, 16), cache)
+    for bad in ("0", "-3", "many"):
+        monkeypatch.setenv(dk.ROWS_ENV, bad)
+        with pytest.raises(ValueError, match=dk.ROWS_ENV):
+            dk.max_rows()
+
+
 def test_rejects_a_workspace_of_another_geometry() -> None:
     dk = kernel_module()
 

@@ -23,10 +23,13 @@ Measured on an H200 (benchmark/results/h200-2026-12-03d/decode_attention.txt; `b
 microseconds per layer launch in a CUDA graph against FlashInfer's graph-mode decode: Orpheus-3B's geometry at 1
 row 7.1 against 9.7 (tensor cores) at 256 tokens, 10.7 against 11.6 at 1024; Qwen3-TTS's 6.3 against 8.9 and 9.1
 against 10.3 (CUDA cores); at 2 rows 8.4 / 12.3 against 10.1-10.6 / 11.0-12.6; from 4 rows on the two trade places
-by length, so FlashInfer keeps those buckets (MAX_ROWS). In the captured decode step (graph_ms) it gained for
+by length, so FlashInfer keeps those buckets (MAX_ROWS; `VOX_TRITON_DECODE_ROWS=N` serves buckets up to N
+rows, for A/B measurements in the step: alone it led at 64 rows, Orpheus' geometry 38.9 us against 47.3, in
+benchmark/results/h200-2026-12-03e). In the captured decode step (graph_ms) it gained for
 Qwen3-TTS's talker (group 2: 3.667 -> 3.615 ms at 1 row) and lost for Orpheus (group 3: 2.098 -> 2.119 ms), whose
-decode FlashInfer runs on its tensor cores. This kernel does not take part in programmatic dependent launch
-(rt/pdl.py) yet; whether that turns Orpheus' loss around is not measured (`VOX_TRITON_DECODE=all` is the A/B).
+decode FlashInfer runs on its tensor cores. It does not take part in programmatic dependent launch (rt/pdl.py):
+as a participant it was slower still (Orpheus 2.141 ms at 1 row with `VOX_TRITON_DECODE=all`, the Qwen3-TTS frame
+3.647 ms; benchmark/results/h200-2026-12-03e).
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ except Exception:  # noqa: BLE001 - no Triton: FlashInfer serves every bucket
     triton = None
 
 ENV = "VOX_TRITON_DECODE"
-MAX_ROWS = 2  # the decode buckets served
+MAX_ROWS = 2  # the decode buckets served by default
+ROWS_ENV = "VOX_TRITON_DECODE_ROWS"  # a larger row limit, for A/B measurements of larger buckets
 
 # Programs per step the split count aims at (a few per SM), and its bounds.
 PROGRAMS_PER_SM = 2
@@ -222,8 +226,18 @@ def setting() -> str:
     return value
 
 
+def max_rows() -> int:
+    """VOX_TRITON_DECODE_ROWS: the largest decode bucket served (MAX_ROWS unless set; a positive integer)."""
+    value = os.environ.get(ROWS_ENV, "").strip()
+    if not value:
+        return MAX_ROWS
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{ROWS_ENV}={value!r}: use a positive number of rows (the default is {MAX_ROWS})")
+    return int(value)
+
+
 def serves(q: Tensor, cache: Tensor, tensor_cores: bool = False) -> bool:
-    """Whether a decode launch of q [rows, Hq, D] over `cache` [P, 2, page, Hkv, D] runs here: CUDA, at most MAX_ROWS
+    """Whether a decode launch of q [rows, Hq, D] over `cache` [P, 2, page, Hkv, D] runs here: CUDA, at most max_rows()
     rows, a power-of-two head dim, a page size that divides or is divided by the block, as `setting()` says for a
     geometry whose FlashInfer decode would run on its tensor cores or not."""
     value = setting()
@@ -232,5 +246,5 @@ def serves(q: Tensor, cache: Tensor, tensor_cores: bool = False) -> bool:
     rows, hq, d = q.shape
     page, hkv = cache.shape[2], cache.shape[3]
     block = DEFAULT_CONFIG.block_n
-    return (rows <= MAX_ROWS and d & (d - 1) == 0 and hq % hkv == 0 and cache.is_contiguous()
+    return (rows <= max_rows() and d & (d - 1) == 0 and hq % hkv == 0 and cache.is_contiguous()
             and (block % page == 0 or page % block == 0) and q.stride(-1) == 1)
