@@ -45,6 +45,9 @@ pub struct WrapperSpec {
     pub max_total_num_rows: Option<usize>,
     /// The plan its graph was captured with (FlashInfer's plan info vector).
     pub plan_info: Vec<i64>,
+    /// Whether its graph reads the plan (`reads_plan`, true when absent): a decode bucket that captured the
+    /// planless Triton kernel does not, so its launches are not planned.
+    pub reads_plan: bool,
 }
 
 /// The attention geometry planners need.
@@ -143,5 +146,9 @@ fn wrapper(entry: &Value, path: &str) -> Result<WrapperSpec, String> {
         kv_lens: optional_buffer(entry, path, "kv_lens_buffer")?,
         max_total_num_rows: size("max_total_num_rows"),
         plan_info,
+        reads_plan: match entry.get("reads_plan") {
+            None => true,
+            Some(v) => v.as_bool().ok_or(format!("{path}reads_plan is not a boolean"))?,
+        },
     })
 }

@@ -208,6 +208,9 @@ impl LaunchPlanner {
     /// launch stream before its graph, in order.
     pub fn plan(&self, launch: &Launch, h: HostBuf, parity: usize) -> Result<Vec<Upload>, String> {
         let w = self.wrapper(launch)?;
+        if !w.reads_plan {
+            return Ok(Vec::new()); // its graph runs a planless kernel
+        }
         let rows = w.rows;
         let decode = launch.stage == Stage::Decode;
         let f = &self.fields;
@@ -272,7 +275,7 @@ mod tests {
                                   kv_indptr: buf(base + WS, 4 * 65), last_page_len: buf(base + WS + 512, 4 * 64),
                                   qo_indptr: Some(buf(base + WS + 1024, 4 * 65)),
                                   kv_lens: Some(buf(base + WS + 2048, 4 * 64)), max_total_num_rows: total_rows,
-                                  plan_info: Vec::new() };
+                                  plan_info: Vec::new(), reads_plan: true };
         let mut host = vec![0u8; WS as usize];
         let shape = AttentionShape { num_qo_heads: 24, num_kv_heads: 8, head_dim_qk: 128, head_dim_vo: 128, page_size: 4 };
         let mut ws = Workspace { float_addr: w.float_workspace.ptr, float_bytes: w.float_workspace.nbytes,
@@ -347,6 +350,29 @@ mod tests {
         let region = 3 * region_bytes(&s.planners);
         assert_eq!(last_copy.src, memory.as_ptr() as u64 + region as u64);
         assert_eq!(&memory[region..region + plan.upload_bytes], &want[..plan.upload_bytes]);
+    }
+
+    #[test]
+    fn a_bucket_whose_graph_reads_no_plan_is_not_planned() {
+        let (mut s, mut memory) = (flashinfer_spec(), Vec::new());
+        s.planners.decode.get_mut(&2).unwrap().reads_plan = false; // a planless Triton decode was captured
+        let p = planner_of(&s, &mut memory).unwrap();
+        let mut step = vec![0u8; s.step_in.nbytes];
+        let h = HostBuf { base: step.as_mut_ptr() };
+        let launch = |rows: usize| {
+            let attention = AttentionPlan { num_seqs: rows, qo_lens: vec![1; rows], kv_lens: vec![1; rows],
+                                            num_rows: rows, graph_tokens: None, decode: true };
+            Launch { stage: Stage::Decode, bucket: rows, num_seqs: None, attention: Some(attention), rows: vec![] }
+        };
+        let f = (s.step_in.field("decode_kv_indptr").unwrap(), s.step_in.field("decode_last_page_len").unwrap());
+        for i in 0..=4 {
+            h.set_i(f.0, i, i as i64);
+        }
+        (0..4).for_each(|i| h.set_i(f.1, i, 1));
+        assert!(p.plan(&launch(2), h, 0).unwrap().is_empty());
+        assert!(!p.plan(&launch(4), h, 0).unwrap().is_empty()); // the other buckets still are
+        let e = p.plan(&launch(3), h, 0).err().unwrap(); // and a bucket without a wrapper is still an error
+        assert!(e.contains("no captured planner for decode[3]"), "{e}");
     }
 
     #[test]

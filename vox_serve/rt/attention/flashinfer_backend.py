@@ -12,8 +12,10 @@ Decode buckets of 1-2 rows whose decode would run FlashInfer's CUDA-core kernels
 TENSOR_CORE_GROUP: Qwen3-TTS's talker) run `rt/attention/triton_decode`'s planless kernel instead (on an H200
 the Qwen3-TTS frame at 1 row 3.667 -> 3.615 ms, at 2 rows 4.144 -> 4.112; `VOX_TRITON_DECODE=0` keeps
 FlashInfer's). Against the tensor-core decode it won alone but lost in Orpheus' step (2.098 -> 2.119 ms at 1 row,
-2.459 -> 2.524 at 2), so that stays FlashInfer's. The wrappers are still planned, so a runtime planning by itself
-finds one planner per captured bucket as ever, whose plan the captured graph does not read.
+2.459 -> 2.524 at 2), so that stays FlashInfer's. Which kernel a bucket runs is fixed by its geometry
+(`triton_decode.serves_geometry`), so the wrapper of a Triton bucket is planned once, at its first launch (the
+capture), and not again: a runtime planning by itself still finds one planner per captured bucket, with the plan
+info the graph was captured with, and this one spends no host time per step on a plan no kernel reads.
 
 A planner copies its pinned integer workspace to the device asynchronously; before a wrapper is
 planned again its previous copy must have run, or the next plan would overwrite the pinned bytes
@@ -119,6 +121,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         nnz = int(indptr[rows])
         if plan.is_decode:
             wrapper = self._active_decode = self._decode_wrapper(rows, inputs)
+            if id(wrapper) in self._planned and self._triton_serves(rows):
+                return  # the planless Triton kernel runs; the wrapper keeps its first plan (planner_layout)
             self._guarded(wrapper, lambda: wrapper.plan(
                 indptr, inputs.kv_indices[:nnz], last, num_qo_heads=self.num_q_heads, head_dim=self.head_dim,
                 non_blocking=True, **common))
@@ -148,9 +152,16 @@ class FlashInferAttentionBackend(AttentionBackend):
                     "max_total_num_rows": getattr(wrapper, "_max_total_num_rows", None)}
 
         decode = "decode_tensor_cores" if self._tensor_cores else "decode"
-        return {"decode": {str(rows): {"planner": decode, **buffers(w)} for rows, w in self._decode.items()},
+        return {"decode": {str(rows): {"planner": decode, **buffers(w), "reads_plan": not self._triton_serves(rows)}
+                           for rows, w in self._decode.items()},
                 "prefill": {str(tokens): {"planner": "prefill", **buffers(w)}
                             for tokens, (w, _) in self._prefill_graphs.items()}}
+
+    def _triton_serves(self, rows: int) -> bool:
+        """Whether a decode bucket of `rows` runs rt/attention/triton_decode's kernel instead of the wrapper's."""
+        return triton_decode.serves_geometry(rows=rows, q_heads=self.num_q_heads, kv_heads=self.num_kv_heads,
+                                             head_dim=self.head_dim, page_size=self.page_size,
+                                             tensor_cores=self._tensor_cores, cuda=self.device.type == "cuda")
 
     def _decode_workspace(self, q: Tensor) -> triton_decode.DecodeWorkspace:
         """The Triton decode kernel's partials and counters for q's bucket, allocated at its first launch."""
@@ -177,7 +188,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         cache = self.kv_caches[layer]
         q = self._write_kv(cache, q, k, v, bufs.slot_mapping[: q.shape[0]], prep)
         if self._plan.is_decode:
-            if triton_decode.serves(q, cache, self._tensor_cores):  # 1-2 rows: rt/attention/triton_decode
+            if self._triton_serves(q.shape[0]):  # 1-2 rows: rt/attention/triton_decode (its wrapper's plan is stale)
+                q = q if q.stride(-1) == 1 else q.contiguous()
                 return triton_decode.decode_attention(q, cache, bufs.page_table[: q.shape[0]],
                                                       bufs.kv_lens[: q.shape[0]], self.scale, self._decode_workspace(q))
             return self._active_decode.run(q, cache)

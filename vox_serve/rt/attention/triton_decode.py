@@ -236,15 +236,24 @@ def max_rows() -> int:
     return int(value)
 
 
-def serves(q: Tensor, cache: Tensor, tensor_cores: bool = False) -> bool:
-    """Whether a decode launch of q [rows, Hq, D] over `cache` [P, 2, page, Hkv, D] runs here: CUDA, at most max_rows()
-    rows, a power-of-two head dim, a page size that divides or is divided by the block, as `setting()` says for a
-    geometry whose FlashInfer decode would run on its tensor cores or not."""
+def serves_geometry(*, rows: int, q_heads: int, kv_heads: int, head_dim: int, page_size: int, tensor_cores: bool,
+                    cuda: bool) -> bool:
+    """Whether decode launches of `rows` rows of this geometry run here: CUDA, at most max_rows() rows, a power-of-two
+    head dim, a page size that divides or is divided by the block, as `setting()` says for a geometry whose
+    FlashInfer decode would run on its tensor cores or not. Fixed per captured bucket (no tensor is read), so a
+    backend may decide once per bucket whether its FlashInfer plan is ever read."""
     value = setting()
-    if triton is None or not q.is_cuda or value == "0" or (tensor_cores and value != "all"):
+    if triton is None or not cuda or value == "0" or (tensor_cores and value != "all"):
         return False
-    rows, hq, d = q.shape
-    page, hkv = cache.shape[2], cache.shape[3]
     block = DEFAULT_CONFIG.block_n
-    return (rows <= max_rows() and d & (d - 1) == 0 and hq % hkv == 0 and cache.is_contiguous()
-            and (block % page == 0 or page % block == 0) and q.stride(-1) == 1)
+    return (rows <= max_rows() and head_dim & (head_dim - 1) == 0 and q_heads % kv_heads == 0
+            and (block % page_size == 0 or page_size % block == 0))
+
+
+def serves(q: Tensor, cache: Tensor, tensor_cores: bool = False) -> bool:
+    """serves_geometry for a launch of q [rows, Hq, D] over `cache` [P, 2, page, Hkv, D], with a contiguous cache
+    and q of unit last stride (which `decode_attention` needs)."""
+    rows, hq, d = q.shape
+    return (cache.is_contiguous() and q.stride(-1) == 1
+            and serves_geometry(rows=rows, q_heads=hq, kv_heads=cache.shape[3], head_dim=d, page_size=cache.shape[2],
+                                tensor_cores=tensor_cores, cuda=q.is_cuda))
