@@ -120,37 +120,38 @@ def test_splits_for_fills_the_device() -> None:
         assert s & (s - 1) == 0 and 1 <= s <= MAX_SPLITS
 
 
+def serves(rows: int = 1, q_heads: int = 4, head_dim: int = 16, tensor_cores: bool = False, cuda: bool = True) -> bool:
+    """triton_decode.serves_geometry for a cache of 2 KV heads and pages of 4 tokens."""
+    return kernel_module().serves_geometry(rows=rows, q_heads=q_heads, kv_heads=2, head_dim=head_dim, page_size=4,
+                                           tensor_cores=tensor_cores, cuda=cuda)
+
+
 def test_serves_few_row_cuda_launches_only(monkeypatch: pytest.MonkeyPatch) -> None:
     dk = kernel_module()
 
-    q, cache, _, _ = random_case(1, [3], 4, 2, 16, 4, torch.float32, seed=0)
-    assert not dk.serves(q, cache)  # a CPU tensor: FlashInfer's backend is CUDA only anyway
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
-    assert dk.serves(q, cache) == (dk.triton is not None)
-    assert not dk.serves(torch.zeros(dk.MAX_ROWS + 1, 4, 16), cache)
-    assert not dk.serves(torch.zeros(1, 4, 12), cache)  # a head dim that is no power of two
-    assert not dk.serves(q, cache, tensor_cores=True)  # FlashInfer's tensor-core decode stays, unless "all"
+    assert not serves(cuda=False)  # a CPU tensor: FlashInfer's backend is CUDA only anyway
+    assert serves() == (dk.triton is not None)
+    assert not serves(rows=dk.MAX_ROWS + 1)
+    assert not serves(head_dim=12)  # a head dim that is no power of two
+    assert not serves(tensor_cores=True)  # FlashInfer's tensor-core decode stays, unless "all"
     monkeypatch.setenv(dk.ENV, "all")
-    assert dk.serves(q, cache, tensor_cores=True) == (dk.triton is not None)
+    assert serves(tensor_cores=True) == (dk.triton is not None)
     monkeypatch.setenv(dk.ENV, "0")
-    assert not dk.serves(q, cache)
+    assert not serves()
     monkeypatch.setenv(dk.ENV, "yes")
     with pytest.raises(ValueError, match="VOX_TRITON_DECODE"):
-        dk.serves(q, cache)
+        serves()
 
 
 def test_row_limit_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     """VOX_TRITON_DECODE_ROWS raises (or lowers) the largest bucket served; anything but a positive count is refused."""
     dk = kernel_module()
-    _, cache, _, _ = random_case(1, [3], 4, 2, 16, 4, torch.float32, seed=0)
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
-    wide = torch.zeros(64, 4, 16)
-    assert not dk.serves(wide, cache)
+    assert not serves(rows=64)
     monkeypatch.setenv(dk.ROWS_ENV, "64")
-    assert dk.serves(wide, cache) == (dk.triton is not None)
-    assert not dk.serves(torch.zeros(65, 4, 16), cache)
+    assert serves(rows=64) == (dk.triton is not None)
+    assert not serves(rows=65)
     monkeypatch.setenv(dk.ROWS_ENV, "1")
-    assert not dk.serves(torch.zeros(2, 4, 16), cache)
+    assert not serves(rows=2)
     for bad in ("0", "-3", "many"):
         monkeypatch.setenv(dk.ROWS_ENV, bad)
         with pytest.raises(ValueError, match=dk.ROWS_ENV):

@@ -65,6 +65,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._active_decode: Any = None
         self._forced_tensor_cores = os.environ.get("VOX_DECODE_TENSOR_CORES")
         self._triton_workspaces: dict[int, triton_decode.DecodeWorkspace] = {}  # rows -> the bucket's
+        self._triton_buckets: dict[int, bool] = {}  # rows -> whether the bucket runs the Triton kernel (fixed)
 
     def planner_of(self, plan: AttentionPlan) -> str:
         """Which FlashInfer planner serves the launch (published in the engine spec)."""
@@ -158,10 +159,13 @@ class FlashInferAttentionBackend(AttentionBackend):
                             for tokens, (w, _) in self._prefill_graphs.items()}}
 
     def _triton_serves(self, rows: int) -> bool:
-        """Whether a decode bucket of `rows` runs rt/attention/triton_decode's kernel instead of the wrapper's."""
-        return triton_decode.serves_geometry(rows=rows, q_heads=self.num_q_heads, kv_heads=self.num_kv_heads,
-                                             head_dim=self.head_dim, page_size=self.page_size,
-                                             tensor_cores=self._tensor_cores, cuda=self.device.type == "cuda")
+        """Whether a decode bucket of `rows` runs rt/attention/triton_decode's kernel instead of the wrapper's:
+        decided at the bucket's first launch and kept, as its skipped plans require."""
+        if rows not in self._triton_buckets:
+            self._triton_buckets[rows] = triton_decode.serves_geometry(
+                rows=rows, q_heads=self.num_q_heads, kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                page_size=self.page_size, tensor_cores=self._tensor_cores, cuda=self.device.type == "cuda")
+        return self._triton_buckets[rows]
 
     def _decode_workspace(self, q: Tensor) -> triton_decode.DecodeWorkspace:
         """The Triton decode kernel's partials and counters for q's bucket, allocated at its first launch."""

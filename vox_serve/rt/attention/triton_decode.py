@@ -248,12 +248,3 @@ def serves_geometry(*, rows: int, q_heads: int, kv_heads: int, head_dim: int, pa
     block = DEFAULT_CONFIG.block_n
     return (rows <= max_rows() and head_dim & (head_dim - 1) == 0 and q_heads % kv_heads == 0
             and (block % page_size == 0 or page_size % block == 0))
-
-
-def serves(q: Tensor, cache: Tensor, tensor_cores: bool = False) -> bool:
-    """serves_geometry for a launch of q [rows, Hq, D] over `cache` [P, 2, page, Hkv, D], with a contiguous cache
-    and q of unit last stride (which `decode_attention` needs)."""
-    rows, hq, d = q.shape
-    return (cache.is_contiguous() and q.stride(-1) == 1
-            and serves_geometry(rows=rows, q_heads=hq, kv_heads=cache.shape[3], head_dim=d, page_size=cache.shape[2],
-                                tensor_cores=tensor_cores, cuda=q.is_cuda))
