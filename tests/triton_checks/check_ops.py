@@ -1,8 +1,10 @@
 """Run under TRITON_INTERPRET=1 (tests/test_triton_ops.py): the fused kernels against their references."""
 
+import os
 import sys
 
 import torch
+import torch.nn.functional as F
 
 from vox_serve.layers.rope import RotaryEmbedding
 from vox_serve.rt import codec_kernels, kernels, small_gemm, triton_ops
@@ -396,6 +398,19 @@ def check_folded_conv() -> None:
         assert got.shape == ref.shape and (got - ref).abs().max() < 1e-5, (dilation, (got - ref).abs().max())
 
 
+def check_transpose_gemm() -> None:
+    """A transposed convolution as a GEMM and an overlap-add equals F.conv_transpose1d: SNAC's strides (kernel
+    2 * stride, padding stride / 2), an odd stride with output padding, a kernel no multiple of the stride."""
+    gen = torch.Generator().manual_seed(8)
+    for stride, kernel, padding, output_padding, length in ((8, 16, 4, 0, 15), (2, 4, 1, 0, 9), (3, 6, 2, 1, 7),
+                                                            (4, 7, 3, 2, 5), (5, 10, 3, 4, 1)):
+        x = torch.randn(2, 6, length + 3, generator=gen)[..., 2 : 2 + length]  # strided, as a cropped window
+        w, b = torch.randn(6, 5, kernel, generator=gen), torch.randn(5, generator=gen)
+        ref = F.conv_transpose1d(x, w, b, stride=stride, padding=padding, output_padding=output_padding)
+        got = codec_kernels.gemm_conv_transpose1d(x, w, b, stride, padding, output_padding)
+        assert got.shape == ref.shape and (got - ref).abs().max() < 1e-4, (stride, (got - ref).abs().max())
+
+
 def check_conv_to_one() -> None:
     """One output channel (a codec's last convolution): channels not a multiple of the block, strided input."""
     gen = torch.Generator().manual_seed(5)
@@ -427,14 +442,16 @@ def check_codecs() -> None:
     frames = torch.randint(0, 4096, (2, 3, 7), generator=torch.Generator().manual_seed(6))
     seed = torch.tensor([11, 12])
 
-    def run() -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.no_grad():
-            return qwen.decode(codes, max_chunk_frames=2), snac.decode(orpheus_frames_to_codes(frames), seed)
+    def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with torch.no_grad():  # SNAC whole, and cropped to the middle frame (strided slices into the kernels)
+            levels = orpheus_frames_to_codes(frames)
+            return (qwen.decode(codes, max_chunk_frames=2), snac.decode(levels, seed),
+                    snac.decode(levels, seed, keep=(2048, 4096)))
 
-    ref_qwen, ref_snac = run()
+    refs = run()
     triton_ops.enabled = lambda t: True  # every kernel on, as for CUDA tensors
-    got_qwen, got_snac = run()
-    for got, ref in ((got_qwen, ref_qwen), (got_snac, ref_snac)):
+    os.environ["VOX_CODEC_TRANSPOSE_GEMM"] = "1"  # SNAC's transposed convolutions as GEMMs at 2 rows too
+    for got, ref in zip(run(), refs, strict=True):
         assert got.shape == ref.shape and (got - ref).abs().max() < 1e-4, (got - ref).abs().max()
 
 

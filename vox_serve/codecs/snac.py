@@ -104,6 +104,12 @@ class _Snake(nn.Module):
         return x + scale * torch.sin(self.alpha * x).pow(2)
 
 
+def _conv_reach(conv: nn.Conv1d) -> tuple[int, int]:
+    """How many input columns left and right of an output column a stride-1 convolution reads."""
+    left = conv.padding[0]
+    return left, conv.dilation[0] * (conv.kernel_size[0] - 1) - left
+
+
 class _ResUnit(nn.Module):
     def __init__(self, dim: int, dilation: int, groups: int):
         super().__init__()
@@ -137,9 +143,35 @@ class _DecoderBlock(nn.Module):
         layers = [_Snake(cin), up] + ([_Noise(cout)] if noise else [])
         self.block = nn.Sequential(*layers, *(_ResUnit(cout, d, groups) for d in (1, 3, 9)))
 
+    @property
+    def stride(self) -> int:
+        return self.block[1].stride[0]
+
+    def output_length(self, length: int) -> int:
+        """Output columns of the block for `length` input columns."""
+        up = self.block[1]
+        k, s, p, op = up.kernel_size[0], up.stride[0], up.padding[0], up.output_padding[0]
+        return (length - 1) * s - 2 * p + k + op
+
+    def unit_reach(self) -> tuple[int, int]:
+        """Output columns left and right of a column that its residual units read."""
+        reaches = [_conv_reach(m) for unit in self.block if isinstance(unit, _ResUnit) for m in unit.block
+                   if isinstance(m, nn.Conv1d)]
+        return sum(r[0] for r in reaches), sum(r[1] for r in reaches)
+
+    def input_span(self, lo: int, hi: int, length: int) -> tuple[int, int]:
+        """The input columns [a, b) (of `length`) that the transposed convolution's outputs [lo, hi) read:
+        output t adds input i where 0 <= t + padding - i * stride < kernel."""
+        up = self.block[1]
+        k, s, p = up.kernel_size[0], up.stride[0], up.padding[0]
+        return max((lo + p - k) // s + 1, 0), min((hi - 1 + p) // s + 1, length)
+
     def forward(self, x: Tensor, noise: Tensor | None) -> Tensor:
         for m in self.block:
-            x = m(x, noise) if isinstance(m, _Noise) else m(x)
+            if isinstance(m, _Noise):
+                x = m(x, noise)
+            else:
+                x = codec_kernels.conv_transpose1d(m, x) if isinstance(m, nn.ConvTranspose1d) else m(x)
         return x
 
 
@@ -257,35 +289,81 @@ class SnacDecoder(nn.Module):
                              f"unexpected keys {unexpected}; shape mismatches {bad}")
         self.load_state_dict(sd)
 
+    def _blocks(self) -> list[_DecoderBlock]:
+        return [m for m in self.decoder.model if isinstance(m, _DecoderBlock)]
+
+    def _block_rate(self, layer: int) -> int:
+        """Samples per frame at the output of decoder block `layer`."""
+        return max(self.config.vq_strides) * math.prod(self.config.decoder_rates[: layer + 1])
+
+    def layer_noise(self, noise_seed: Tensor, frame_offset: Tensor, layer: int, start: int, length: int) -> Tensor:
+        """float32 noise [B, 1, length] of decoder block `layer` at its window columns start.. (absolute
+        index frame_offset * samples_per_frame_of_the_layer + column)."""
+        # the layer id enters through the seed (xor with a per-layer constant)
+        lseed = noise_seed.to(torch.int64) ^ (((layer + 1) * 0x9E3779B97F4A7C15) & (2**63 - 1))
+        return _hash_normal(lseed, frame_offset.to(torch.int64) * self._block_rate(layer) + start, length)[:, None]
+
     def noise(self, noise_seed: Tensor, frame_offset: Tensor | None, frames: int) -> list[Tensor]:
         """Per decoder block i: float32 noise [B, 1, frames * spf_i] at absolute index offset*spf_i + t."""
         if frame_offset is None:
             frame_offset = torch.zeros_like(noise_seed)
-        out, spf = [], max(self.config.vq_strides)
-        for layer, rate in enumerate(self.config.decoder_rates):
-            spf *= rate
-            # the layer id enters through the seed (xor with a per-layer constant)
-            lseed = noise_seed.to(torch.int64) ^ (((layer + 1) * 0x9E3779B97F4A7C15) & (2**63 - 1))
-            out.append(_hash_normal(lseed, frame_offset.to(torch.int64) * spf, frames * spf)[:, None])
-        return out
+        return [self.layer_noise(noise_seed, frame_offset, i, 0, frames * self._block_rate(i))
+                for i in range(len(self.config.decoder_rates))]
+
+    def crop_plan(self, latent_len: int, keep: tuple[int, int]) -> list[tuple[int, int]]:
+        """Per decoder block: the columns [start, stop) of its input (at its rate, in window columns) that
+        output samples keep = [start, stop) depend on. The convolutions pad with zeros at the window's
+        ends only, so the kept samples computed from these columns equal the whole window's."""
+        blocks, lengths = self._blocks(), [latent_len]
+        for block in blocks:
+            lengths.append(block.output_length(lengths[-1]))
+        lo, hi = keep
+        if not 0 <= lo < hi <= lengths[-1]:
+            raise ValueError(f"SNAC decode: kept samples {keep} outside the window's {lengths[-1]}")
+        left, right = _conv_reach(self._tail_conv())
+        lo, hi = max(lo - left, 0), min(hi + right, lengths[-1])
+        spans = []
+        for i in reversed(range(len(blocks))):
+            left, right = blocks[i].unit_reach()
+            lo, hi = blocks[i].input_span(max(lo - left, 0), min(hi + right, lengths[i + 1]), lengths[i])
+            spans.append((lo, hi))
+        return spans[::-1]
+
+    @staticmethod
+    def _layer(m: nn.Module, z: Tensor) -> Tensor:
+        """A layer outside the decoder blocks; convolutions through rt/codec_kernels' kernels on GPUs."""
+        return codec_kernels.conv1d(m, z) if isinstance(m, nn.Conv1d) else m(z)
+
+    def _tail_conv(self) -> nn.Conv1d:
+        return next(m for m in reversed(self.decoder.model) if isinstance(m, nn.Conv1d))
 
     def decode(self, codes: list[Tensor], noise_seed: Tensor | None = None,
-               frame_offset: Tensor | None = None) -> Tensor:
-        """codes[l]: [B, F * codes_per_level[l]] -> audio [B, 1, F * samples_per_frame].
+               frame_offset: Tensor | None = None, keep: tuple[int, int] | None = None) -> Tensor:
+        """codes[l]: [B, F * codes_per_level[l]] -> audio [B, 1, F * samples_per_frame], or with
+        keep = (start, stop) only those samples of the window [B, 1, stop - start], computed from the
+        columns they depend on (a streaming window keeps a quarter of its samples).
 
         noise_seed / frame_offset: int64 [B] or None (None seed: noise blocks contribute zero).
         """
         z = sum(q(c) for q, c in zip(self.quantizer.quantizers, codes, strict=True))
         frames = z.shape[-1] // max(self.config.vq_strides)
+        if noise_seed is not None and frame_offset is None:
+            frame_offset = torch.zeros_like(noise_seed)
         use_noise = noise_seed is not None and self.config.noise
-        noises = self.noise(noise_seed, frame_offset, frames) if use_noise else None
-        i = 0
-        for m in self.decoder.model:
-            if isinstance(m, _DecoderBlock):
-                z = m(z, noises[i].to(z.dtype) if noises is not None else None)
-                i += 1
-            else:  # the last convolution (one output channel) through its kernel on GPUs
-                z = codec_kernels.conv1d(m, z) if isinstance(m, nn.Conv1d) else m(z)
-        return z
+        layers = list(self.decoder.model)
+        first = next(i for i, m in enumerate(layers) if isinstance(m, _DecoderBlock))
+        for m in layers[:first]:  # the latent-rate layers, over the whole window (the blocks need nearly all)
+            z = self._layer(m, z)
+        keep = keep or (0, frames * self.config.samples_per_frame)
+        start = 0  # the window column of z's first column, at z's rate
+        for i, (block, (lo, hi)) in enumerate(zip(self._blocks(), self.crop_plan(z.shape[-1], keep), strict=True)):
+            x = z[..., lo - start : hi - start]
+            start = lo * block.stride
+            noise = (self.layer_noise(noise_seed, frame_offset, i, start, block.output_length(hi - lo)).to(z.dtype)
+                     if use_noise else None)
+            z = block(x, noise)
+        for m in layers[first + len(self.config.decoder_rates):]:  # Snake, the last convolution, tanh
+            z = self._layer(m, z)
+        return z[..., keep[0] - start : keep[1] - start]
 
     forward = decode

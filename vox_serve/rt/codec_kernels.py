@@ -16,7 +16,9 @@ GEMM, and the causal convolutions' `cat` of their left context 4.9 ms. Here:
 - `folded_conv1d`: a dilated convolution as an undilated one over the `dilation` interleaved phases of
   its input (the same sums; cuDNN's default heuristics send some dilated shapes to a slow generic kernel,
   e.g. the Qwen3 codec's 384-channel dilation-9 convolution, 7.3 ms of a 28 ms launch at 64 windows);
-- `conv1d(conv, x)`: `conv(x)` through the kernel above that fits, else PyTorch's.
+- `conv1d(conv, x)`: `conv(x)` through the kernel above that fits, else PyTorch's;
+- `conv_transpose1d(up, x)`: a transposed convolution as one GEMM and an overlap-add (`F.fold`) on GPUs,
+  for one-window launches (cuDNN's kernels win from 16 windows on).
 
 Used only for CUDA tensors when Triton imports; tests run them on the CPU through Triton's
 interpreter (TRITON_INTERPRET=1) against the references.
@@ -212,6 +214,52 @@ def folded_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int,
     steps = y.shape[-1]
     y = y.reshape(batch, d, -1, steps).permute(0, 2, 3, 1).reshape(batch, -1, steps * d)
     return y[..., :length_out] if steps * d != length_out else y
+
+
+def gemm_conv_transpose1d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: int, padding: int,
+                          output_padding: int = 0) -> Tensor:
+    """F.conv_transpose1d(x, weight, bias, stride, padding, output_padding) for groups = 1 and dilation 1, as one
+    batched GEMM and an overlap-add: input column i adds weight^T x[:, i] ([C_out, K]) at output columns
+    i * stride - padding onwards. x [B, C_in, T], weight [C_in, C_out, K] -> [B, C_out, (T-1)s - 2p + K + op]."""
+    batch, cin, length = x.shape
+    _, cout, kernel = weight.shape
+    cols = torch.matmul(weight.reshape(cin, cout * kernel).t(), x)  # [B, C_out * K, T]
+    full = (length - 1) * stride + kernel  # every column an input reaches; the output drops `padding` on the
+    out_len = full - 2 * padding + output_padding  # left and `padding - output_padding` on the right
+    if output_padding == 0:
+        out = F.fold(cols, output_size=(1, out_len), kernel_size=(1, kernel), stride=(1, stride),
+                     padding=(0, padding)).view(batch, cout, out_len)
+    else:
+        out = F.fold(cols, output_size=(1, full), kernel_size=(1, kernel), stride=(1, stride)).view(batch, cout, full)
+        out = F.pad(out, (0, max(padding + out_len - full, 0)))[..., padding : padding + out_len]
+    return out if bias is None else out + bias[:, None]
+
+
+# Which transposed convolutions `conv_transpose1d` runs as a GEMM on a GPU: launches of up to this many rows.
+# Measured on an H100, SNAC's cropped Orpheus window in graph ms (benchmark/results/h100-2026-12-06), cuDNN /
+# GEMM: 1 window 0.538 / 0.483; 16: 1.270 / 1.524; 64: 4.166 / 5.242; 256: 11.21 / 18.91.
+TRANSPOSE_GEMM_ROWS = 1
+_transpose_gemm: str | None = None  # VOX_CODEC_TRANSPOSE_GEMM, read once: "0" never, "1" at any batch
+
+
+def transpose_gemm(rows: int) -> bool:
+    """Whether `conv_transpose1d` runs a launch of `rows` rows as a GEMM on a GPU."""
+    global _transpose_gemm
+    if _transpose_gemm is None:
+        _transpose_gemm = os.environ.get("VOX_CODEC_TRANSPOSE_GEMM", "")
+        if _transpose_gemm not in ("", "0", "1"):
+            raise ValueError(f"VOX_CODEC_TRANSPOSE_GEMM={_transpose_gemm!r}: use 0 (never) or 1 (at any batch)")
+    return _transpose_gemm == "1" or (_transpose_gemm == "" and rows <= TRANSPOSE_GEMM_ROWS)
+
+
+def conv_transpose1d(up: torch.nn.ConvTranspose1d, x: Tensor) -> Tensor:
+    """`up(x)`; on a GPU, for the batches `transpose_gemm` names, as `gemm_conv_transpose1d` (groups 1,
+    dilation 1, zero padding), where cuDNN's kernels for SNAC's shapes lose (one window: 0.483 ms against 0.538)."""
+    plain = (up.groups == 1 and up.dilation == (1,) and up.padding_mode == "zeros" and isinstance(up.padding, tuple)
+             and up.output_padding[0] < up.stride[0])
+    if plain and triton_ops.enabled(x) and transpose_gemm(x.shape[0]):
+        return gemm_conv_transpose1d(x, up.weight, up.bias, up.stride[0], up.padding[0], up.output_padding[0])
+    return up(x)
 
 
 # Which dilated convolutions `conv1d` folds on a GPU. Measured on the H200, Qwen3-TTS codec launch in graph

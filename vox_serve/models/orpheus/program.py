@@ -112,11 +112,12 @@ class OrpheusProgram(Program):
     # ---- codec ---------------------------------------------------------------------------
     def decode_audio(self, window: CodecWindow, frames: int) -> torch.Tensor:
         seed = window.seed if self.codec_noise else None
-        audio = self.snac.decode(orpheus_frames_to_codes(window.codes.clamp(0, CODES_PER_SLOT - 1)), noise_seed=seed,
-                                 frame_offset=window.first_frame)
         spf = self.meta.samples_per_frame
         start = self.meta.codec_lookback_frames * spf
-        return audio[:, 0, start : start + frames * spf]
+        # only the kept samples, from the columns they depend on (SnacDecoder.crop_plan)
+        audio = self.snac.decode(orpheus_frames_to_codes(window.codes.clamp(0, CODES_PER_SLOT - 1)), noise_seed=seed,
+                                 frame_offset=window.first_frame, keep=(start, start + frames * spf))
+        return audio[:, 0]
 
     def codec_modules(self) -> list[torch.nn.Module]:
         return [self.snac]
