@@ -144,14 +144,22 @@ def test_serves_few_row_cuda_launches_only(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_row_limit_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """VOX_TRITON_DECODE_ROWS raises (or lowers) the largest bucket served; anything but a positive count is refused."""
+    """Buckets of WIDE_ROWS are served at every geometry by default; VOX_TRITON_DECODE_ROWS instead serves every
+    bucket up to its limit; anything but a positive count is refused."""
     dk = kernel_module()
-    assert not serves(rows=64)
+    on = dk.triton is not None
+    assert not serves(rows=8) and not serves(rows=128)
+    assert serves(rows=16) == serves(rows=64) == serves(rows=64, tensor_cores=True) == on  # WIDE_ROWS, any geometry
+    assert not serves(rows=65)
     monkeypatch.setenv(dk.ROWS_ENV, "64")
     assert serves(rows=64) == (dk.triton is not None)
     assert not serves(rows=65)
     monkeypatch.setenv(dk.ROWS_ENV, "1")
-    assert not serves(rows=2)
+    assert not serves(rows=2) and not serves(rows=16)  # a set limit replaces WIDE_ROWS
+    monkeypatch.delenv(dk.ROWS_ENV)
+    monkeypatch.setenv(dk.ENV, "0")
+    assert not serves(rows=16)
+    monkeypatch.delenv(dk.ENV)
     for bad in ("0", "-3", "many"):
         monkeypatch.setenv(dk.ROWS_ENV, bad)
         with pytest.raises(ValueError, match=dk.ROWS_ENV):
@@ -189,7 +197,7 @@ def test_orpheus_geometry_in_a_cuda_graph() -> None:
     dk = kernel_module()
 
     gen = torch.Generator().manual_seed(7)
-    for rows in (1, 4, 16):
+    for rows in (1, 4, 16, 64):  # 16 and 64: WIDE_ROWS, served at this tensor-core geometry
         lens = torch.randint(1, 1500, (rows,), generator=gen).tolist()
         q, cache, table, kv_lens = (t.cuda() for t in random_case(rows, [2048] * rows, 24, 8, 128, 16,
                                                                     torch.bfloat16, seed=rows))

@@ -12,7 +12,8 @@ Decode buckets of 1-2 rows whose decode would run FlashInfer's CUDA-core kernels
 TENSOR_CORE_GROUP: Qwen3-TTS's talker) run `rt/attention/triton_decode`'s planless kernel instead (on an H200
 the Qwen3-TTS frame at 1 row 3.667 -> 3.615 ms, at 2 rows 4.144 -> 4.112; `VOX_TRITON_DECODE=0` keeps
 FlashInfer's). Against the tensor-core decode it won alone but lost in Orpheus' step (2.098 -> 2.119 ms at 1 row,
-2.459 -> 2.524 at 2), so that stays FlashInfer's. Which kernel a bucket runs is fixed by its geometry
+2.459 -> 2.524 at 2), so that stays FlashInfer's there; buckets of 16-64 rows run the kernel at every geometry
+(triton_decode.WIDE_ROWS, measured in the step). Which kernel a bucket runs is fixed by its geometry
 (`triton_decode.serves_geometry`), so the wrapper of a Triton bucket is planned once, at its first launch (the
 capture), and not again: a runtime planning by itself still finds one planner per captured bucket, with the plan
 info the graph was captured with, and this one spends no host time per step on a plan no kernel reads.
@@ -192,7 +193,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         cache = self.kv_caches[layer]
         q = self._write_kv(cache, q, k, v, bufs.slot_mapping[: q.shape[0]], prep)
         if self._plan.is_decode:
-            if self._triton_serves(q.shape[0]):  # 1-2 rows: rt/attention/triton_decode (its wrapper's plan is stale)
+            if self._triton_serves(q.shape[0]):  # rt/attention/triton_decode (its wrapper's plan is stale)
                 q = q if q.stride(-1) == 1 else q.contiguous()
                 return triton_decode.decode_attention(q, cache, bufs.page_table[: q.shape[0]],
                                                       bufs.kv_lens[: q.shape[0]], self.scale, self._decode_workspace(q))

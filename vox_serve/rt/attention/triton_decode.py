@@ -23,8 +23,10 @@ Measured on an H200 (benchmark/results/h200-2026-12-03d/decode_attention.txt; `b
 microseconds per layer launch in a CUDA graph against FlashInfer's graph-mode decode: Orpheus-3B's geometry at 1
 row 7.1 against 9.7 (tensor cores) at 256 tokens, 10.7 against 11.6 at 1024; Qwen3-TTS's 6.3 against 8.9 and 9.1
 against 10.3 (CUDA cores); at 2 rows 8.4 / 12.3 against 10.1-10.6 / 11.0-12.6; from 4 rows on the two trade places
-by length, so FlashInfer keeps those buckets (MAX_ROWS; `VOX_TRITON_DECODE_ROWS=N` serves buckets up to N
-rows, for A/B measurements in the step: alone it led at 64 rows, Orpheus' geometry 38.9 us against 47.3, in
+by length, so FlashInfer keeps the buckets of 3-15 rows (MAX_ROWS); from 16 to 64 rows (WIDE_ROWS) the kernel
+won in the captured step of both models on an H100 and serves every geometry, at 256 it lost
+(benchmark/results/h100-2026-12-06; `VOX_TRITON_DECODE_ROWS=N` serves every bucket up to N rows instead, for
+A/B measurements; alone it led at 64 rows, Orpheus' geometry 38.9 us against 47.3, in
 benchmark/results/h200-2026-12-03e). In the captured decode step (graph_ms) it gained for
 Qwen3-TTS's talker (group 2: 3.667 -> 3.615 ms at 1 row) and lost for Orpheus (group 3: 2.098 -> 2.119 ms), whose
 decode FlashInfer runs on its tensor cores. It does not take part in programmatic dependent launch (rt/pdl.py):
@@ -47,8 +49,12 @@ except Exception:  # noqa: BLE001 - no Triton: FlashInfer serves every bucket
     triton = None
 
 ENV = "VOX_TRITON_DECODE"
-MAX_ROWS = 2  # the decode buckets served by default
-ROWS_ENV = "VOX_TRITON_DECODE_ROWS"  # a larger row limit, for A/B measurements of larger buckets
+MAX_ROWS = 2  # the decode buckets served by default where FlashInfer's decode would run on CUDA cores
+# and these at every geometry: measured in the captured step on an H100 (benchmark/results/h100-2026-12-06,
+# graph ms with FlashInfer / this kernel): Orpheus-3B 16 rows 3.381 / 3.324, 64: 4.787 / 4.434, 256: 9.536 /
+# 9.634; Qwen3-TTS frame 16: 6.143 / 6.105, 64: 7.802 / 7.670, 256: 14.90 / 15.36 (a loss)
+WIDE_ROWS = range(16, 65)
+ROWS_ENV = "VOX_TRITON_DECODE_ROWS"  # a row limit instead (every bucket up to it), for A/B measurements
 
 # Programs per step the split count aims at (a few per SM), and its bounds.
 PROGRAMS_PER_SM = 2
@@ -238,13 +244,17 @@ def max_rows() -> int:
 
 def serves_geometry(*, rows: int, q_heads: int, kv_heads: int, head_dim: int, page_size: int, tensor_cores: bool,
                     cuda: bool) -> bool:
-    """Whether decode launches of `rows` rows of this geometry run here: CUDA, at most max_rows() rows, a power-of-two
-    head dim, a page size that divides or is divided by the block, as `setting()` says for a geometry whose
-    FlashInfer decode would run on its tensor cores or not. Fixed per captured bucket (no tensor is read), so a
-    backend may decide once per bucket whether its FlashInfer plan is ever read."""
+    """Whether decode launches of `rows` rows of this geometry run here: CUDA, a power-of-two head dim, a page size
+    that divides or is divided by the block, and either at most max_rows() rows as `setting()` says for a geometry
+    whose FlashInfer decode would run on its tensor cores or not, or (VOX_TRITON_DECODE_ROWS unset) a bucket in
+    WIDE_ROWS. Fixed per captured bucket (no tensor is read), so a backend may decide once per bucket whether
+    its FlashInfer plan is ever read."""
     value = setting()
-    if triton is None or not cuda or value == "0" or (tensor_cores and value != "all"):
+    if triton is None or not cuda or value == "0":
         return False
     block = DEFAULT_CONFIG.block_n
-    return (rows <= max_rows() and head_dim & (head_dim - 1) == 0 and q_heads % kv_heads == 0
-            and (block % page_size == 0 or page_size % block == 0))
+    if not (head_dim & (head_dim - 1) == 0 and q_heads % kv_heads == 0
+            and (block % page_size == 0 or page_size % block == 0)):
+        return False
+    few = rows <= max_rows() and (not tensor_cores or value == "all")
+    return few or (rows in WIDE_ROWS and not os.environ.get(ROWS_ENV, "").strip())
