@@ -123,6 +123,9 @@ FLAGS: tuple[Flag, ...] = (
        help="weight/activation dtype (auto: bfloat16 on GPU, float32 on CPU)"),
     _f("--device", to=ModelConfig, help="auto (cuda if available, else cpu), cpu, cuda or cuda:N"),
     _f("--codec-path", to=ModelConfig, help="codec checkpoint directory (default: inside the model's)"),
+    _f("--codec-dtype", to=ModelConfig, choices=["auto", "bfloat16", "float16", "float32"],
+       help="the codec's dtype (auto: --dtype's); one other than --dtype only for Orpheus' SNAC (bfloat16 "
+            "decodes within 30 dB SNR of float32)"),
     _f("--seed", to=ModelConfig, type=int, help="seed of dummy weights and of requests without a seed"),
     # cache
     _f("--page-size", to=CacheConfig, type=int, help="tokens per KV page"),

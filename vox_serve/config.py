@@ -24,6 +24,7 @@ class ModelConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     seed: int = 0  # seed of dummy weights and of requests that bring none
     codec_path: str | None = None  # codec checkpoint directory, when not inside the model's
+    codec_dtype: str = "auto"  # auto (the model's --dtype) | bfloat16 | float16 | float32 (Orpheus' SNAC only)
 
 
 @dataclass(frozen=True)

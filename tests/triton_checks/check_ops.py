@@ -383,6 +383,31 @@ def check_depthwise() -> None:
             ref = conv(x)
             got = codec_kernels.depthwise_conv1d(x, conv.weight, conv.bias, dilation, padding)
         assert got.shape == ref.shape and (got - ref).abs().max() < 1e-5, (dilation, (got - ref).abs().max())
+        alpha = torch.rand(1, 5, 1, generator=gen) + 0.2  # the Snake after it, in the same pass
+        scale = (alpha + 1e-9).reciprocal()
+        got = codec_kernels.depthwise_conv1d(x, conv.weight, conv.bias, dilation, padding, snake=(alpha, scale))
+        _assert_float32_close(got, ref, alpha, scale)
+
+
+def check_pointwise() -> None:
+    """A 1x1 convolution with a residual add or SNAC's noise block in its epilogue: channel blocks and time
+    blocks with a remainder, strided inputs (a cropped window), bias or none, in and out channels unequal."""
+    gen = torch.Generator().manual_seed(12)
+    for c_in, c_out, length, bias in ((64, 64, 300, True), (48, 16, 7, False), (128, 192, 129, True)):
+        w = torch.randn(c_out, c_in, 1, generator=gen) / c_in**0.5
+        b = torch.randn(c_out, generator=gen) if bias else None
+        h = torch.randn(2, c_in, length + 4, generator=gen)[..., 3 : 3 + length]
+        x = torch.randn(2, c_out, length, generator=gen)
+        got = codec_kernels.pointwise_conv1d(h, w, b, residual=x)
+        ref = x + F.conv1d(h, w, b)
+        assert got.shape == ref.shape and (got - ref).abs().max() < 1e-4, (c_in, (got - ref).abs().max())
+        if c_in == c_out:
+            noise = torch.randn(2, 1, length, generator=gen)
+            got = codec_kernels.pointwise_conv1d(h, w, None, residual=h, noise=noise)
+            ref = h + noise * F.conv1d(h, w)
+            assert (got - ref).abs().max() < 1e-4, (c_in, (got - ref).abs().max())
+    assert codec_kernels.pointwise_blocks(64, 1024) == (64, 64) and codec_kernels.pointwise_blocks(96, 48) == (16, 32)
+    assert codec_kernels.pointwise_blocks(8, 64) is None
 
 
 def check_folded_conv() -> None:

@@ -95,6 +95,10 @@ class _Snake(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, dim, 1))
         self._scale = Derived(lambda a: ((a + 1e-9).reciprocal(),))
 
+    def factors(self) -> tuple[Tensor, Tensor]:
+        """(alpha, 1 / alpha): what a kernel that applies this Snake in its epilogue takes."""
+        return self.alpha, self._scale.get(self.alpha)[0]
+
     def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         """`bias` (GPUs): a convolution's bias, added to x first in the same kernel."""
         (scale,) = self._scale.get(self.alpha)
@@ -121,6 +125,10 @@ class _ResUnit(nn.Module):
         snake, conv, snake2, proj = self.block
         if not triton_ops.enabled(x):
             return x + proj(snake2(codec_kernels.conv1d(conv, snake(x))))
+        if codec_kernels.fuses(conv, proj):  # GPUs: Snake; the convolution + Snake; the 1x1 + residual add
+            h = codec_kernels.depthwise_conv1d(snake(x), conv.weight, conv.bias, conv.dilation[0], conv.padding[0],
+                                               snake=snake2.factors())
+            return codec_kernels.pointwise_conv1d(h, proj.weight, proj.bias, residual=x)
         # on GPUs each convolution's bias rides in the kernel after it (Snake, the residual add)
         h = snake2(codec_kernels.conv1d(conv, snake(x), bias=False), bias=conv.bias)
         return codec_kernels.add_residual(x, codec_kernels.conv1d(proj, h, bias=False), proj.bias)
@@ -132,7 +140,12 @@ class _Noise(nn.Module):
         self.linear = nn.Conv1d(dim, dim, 1, bias=False)
 
     def forward(self, x: Tensor, noise: Tensor | None) -> Tensor:
-        return x if noise is None else x + noise * self.linear(x)
+        """noise: float32 [B, 1, T] or None (no noise)."""
+        if noise is None:
+            return x
+        if triton_ops.enabled(x) and codec_kernels.fuses(None, self.linear):
+            return codec_kernels.pointwise_conv1d(x, self.linear.weight, None, residual=x, noise=noise)
+        return x + noise.to(x.dtype) * self.linear(x)
 
 
 class _DecoderBlock(nn.Module):
@@ -359,8 +372,8 @@ class SnacDecoder(nn.Module):
         for i, (block, (lo, hi)) in enumerate(zip(self._blocks(), self.crop_plan(z.shape[-1], keep), strict=True)):
             x = z[..., lo - start : hi - start]
             start = lo * block.stride
-            noise = (self.layer_noise(noise_seed, frame_offset, i, start, block.output_length(hi - lo)).to(z.dtype)
-                     if use_noise else None)
+            length = block.output_length(hi - lo)
+            noise = self.layer_noise(noise_seed, frame_offset, i, start, length) if use_noise else None
             z = block(x, noise)
         for m in layers[first + len(self.config.decoder_rates):]:  # Snake, the last convolution, tanh
             z = self._layer(m, z)

@@ -55,8 +55,9 @@ def load_program(config: VoxConfig) -> Program:
     """The model's program with its weights (no KV cache or state yet)."""
     device = pick_device(config.model.device)
     dtype = pick_dtype(config.model.dtype, device)
+    codec_dtype = dtype if config.model.codec_dtype == "auto" else pick_dtype(config.model.codec_dtype, device)
     args = BuildArgs(config.model.model, config.model.load_format, device, dtype, config.model.seed,
-                     config.cache.max_model_len, config.model.codec_path)
+                     config.cache.max_model_len, config.model.codec_path, codec_dtype)
     return build_model_program(args)
 
 

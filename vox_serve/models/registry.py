@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from vox_serve.config import ConfigError
 from vox_serve.models.names import NAMES
 from vox_serve.rt.checkpoint import CheckpointError, read_json, resolve_local
 from vox_serve.rt.program import Program
@@ -22,26 +23,35 @@ class BuildArgs:
     seed: int
     max_model_len: int | None
     codec_path: str | None
+    codec_dtype: torch.dtype | None = None  # None: `dtype`
 
 
 @dataclass(frozen=True)
 class ModelFamily:
     """A model family: its loader (`module:function`, imported when first built, so a server loads only
-    the code of the model it serves) and the context length used when --max-model-len is not given."""
+    the code of the model it serves), the context length used when --max-model-len is not given, and whether
+    its loader takes a `codec_dtype` other than the model's (--codec-dtype)."""
 
     name: str
     default_max_model_len: int
     loader: str
+    own_codec_dtype: bool = False
 
     def build(self, a: BuildArgs) -> Program:
         module, function = self.loader.split(":")
         load = getattr(importlib.import_module(module), function)
+        extra = {}
+        if a.codec_dtype not in (None, a.dtype):
+            if not self.own_codec_dtype:
+                raise ConfigError(f"--codec-dtype: {self.name}'s codec runs in the model's dtype ({a.dtype}); "
+                                  "only orpheus takes another")
+            extra["codec_dtype"] = a.codec_dtype
         return load(a.name, a.load_format, a.device, a.dtype, a.seed, a.max_model_len or self.default_max_model_len,
-                    a.codec_path)
+                    a.codec_path, **extra)
 
 
 FAMILIES: dict[str, ModelFamily] = {
-    "orpheus": ModelFamily("orpheus", 4096, "vox_serve.models.orpheus.loader:load_orpheus"),
+    "orpheus": ModelFamily("orpheus", 4096, "vox_serve.models.orpheus.loader:load_orpheus", own_codec_dtype=True),
     "qwen3-tts": ModelFamily("qwen3-tts", 4096, "vox_serve.models.qwen3_tts.loader:load_qwen3_tts"),
     "zonos": ModelFamily("zonos", 4096, "vox_serve.models.zonos.loader:load_zonos"),
     # the released backbone's max_position_embeddings

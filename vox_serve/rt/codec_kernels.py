@@ -12,7 +12,10 @@ GEMM, and the causal convolutions' `cat` of their left context 4.9 ms. Here:
 - `add_residual`: a residual unit's `x + conv(h)` with the convolution's bias added here (PyTorch adds
   a cuDNN convolution's bias in a broadcast pass of its own, ~0.1 ms per audio-rate conv at 64 windows);
 - `conv1d_to_one`: a convolution with one output channel (the waveform), a dot product per sample;
-- `depthwise_conv1d`: depthwise convolutions (PyTorch's generic kernel was a third of a SNAC window);
+- `depthwise_conv1d`: depthwise convolutions (PyTorch's generic kernel was a third of a SNAC window),
+  optionally with the Snake after them in the same pass;
+- `pointwise_conv1d`: a 1x1 convolution (tensor-core tiles) with a residual add, or SNAC's noise block
+  `x + noise * conv(x)`, in its epilogue (`fuses` says where SNAC uses these two);
 - `folded_conv1d`: a dilated convolution as an undilated one over the `dilation` interleaved phases of
   its input (the same sums; cuDNN's default heuristics send some dilated shapes to a slow generic kernel,
   e.g. the Qwen3 codec's 384-channel dilation-9 convolution, 7.3 ms of a 28 ms launch at 64 windows);
@@ -42,25 +45,41 @@ except Exception:  # noqa: BLE001 - no Triton (CPU-only installs): the reference
 
 if triton is not None:
 
+    @triton.jit
+    def _sin2(z):
+        """sin(z)^2 in float32 from FMAs: z less the nearest multiple of pi (sin^2 has period pi, so no sign to
+        track; pi in three parts, exact products for |z| < 4096 pi) is within pi/2, where sin's Taylor series to
+        z^11 is off by < 6e-8. libdevice's sinf made the Snake passes compute-bound in bfloat16."""
+        k = tl.floor(z * 0.3183098861837907 + 0.5)
+        r = z - k * 3.140625
+        r = r - k * 0.0009677410125732422
+        r = r + k * 8.742277657347586e-08
+        r2 = r * r
+        p = r2 * -2.505210838544172e-08 + 2.7557319223985893e-06
+        p = p * r2 - 0.0001984126984126984
+        p = p * r2 + 0.008333333333333333
+        p = p * r2 - 0.16666666666666666
+        s = r + r * r2 * p
+        return s * s
+
     # Sizes and strides are not specialised on (one compiled variant per dtype and block size).
     @triton.jit(do_not_specialize=["channels", "length", "ctx", "x_sb", "x_sc", "c_sb", "c_sc"])
     def _snake_kernel(x_ptr, ctx_ptr, alpha_ptr, scale_ptr, bias_ptr, out_ptr, channels, length, ctx, x_sb, x_sc,
                       c_sb, c_sc, HAS_CTX: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)  # batch * channels + channel
         b, c = (row // channels).to(tl.int64), row % channels
-        t = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # over ctx + length output columns
-        total = ctx + length
+        t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # over ctx + length output columns (int32: the row's
+        total = ctx + length  # base pointers carry the int64 offsets, so no per-element int64 arithmetic)
         inside = t < total
         alpha = tl.load(alpha_ptr + c).to(tl.float32)
         scale = tl.load(scale_ptr + c).to(tl.float32)
         from_x = inside & (t >= ctx)
-        x = tl.load(x_ptr + b * x_sb + c * x_sc + (t - ctx), mask=from_x, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + (b * x_sb + c * x_sc) + (t - ctx), mask=from_x, other=0.0).to(tl.float32)
         if HAS_BIAS:  # the bias of the convolution before, added here instead of in a pass of its own
             x += tl.load(bias_ptr + c).to(tl.float32)
-        s = tl.sin(alpha * x)
-        y = x + scale * s * s
+        y = x + scale * _sin2(alpha * x)
         if HAS_CTX:
-            kept = tl.load(ctx_ptr + b * c_sb + c * c_sc + t, mask=inside & (t < ctx), other=0.0).to(tl.float32)
+            kept = tl.load(ctx_ptr + (b * c_sb + c * c_sc) + t, mask=inside & (t < ctx), other=0.0).to(tl.float32)
             y = tl.where(t < ctx, kept, y)
         tl.store(out_ptr + row.to(tl.int64) * total + t, y.to(out_ptr.dtype.element_ty), mask=inside)
 
@@ -69,10 +88,10 @@ if triton is not None:
                              BLOCK: tl.constexpr):
         row = tl.program_id(0)  # batch * channels + channel
         b, c = (row // channels).to(tl.int64), row % channels
-        t = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = t < length
-        x = tl.load(x_ptr + b * x_sb + c * x_sc + t, mask=inside, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + b * y_sb + c * y_sc + t, mask=inside, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + (b * x_sb + c * x_sc) + t, mask=inside, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + (b * y_sb + c * y_sc) + t, mask=inside, other=0.0).to(tl.float32)
         out = x + (y + tl.load(bias_ptr + c).to(tl.float32))
         tl.store(out_ptr + row.to(tl.int64) * length + t, out.to(out_ptr.dtype.element_ty), mask=inside)
 
@@ -97,22 +116,52 @@ if triton is not None:
             acc += tl.load(b_ptr).to(tl.float32)
         tl.store(out_ptr + b * length_out + t, acc.to(out_ptr.dtype.element_ty), mask=inside)
 
-    @triton.jit(do_not_specialize=["channels", "length_in", "length_out", "dilation", "padding"])
-    def _depthwise_conv1d_kernel(x_ptr, w_ptr, b_ptr, out_ptr, channels, length_in, length_out, dilation, padding,
-                                 K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)  # batch * channels + channel
+    # The taps' offsets are compile-time constants (one variant per dilation and padding: SNAC has three), and the
+    # lengths are specialised on (divisibility by 16 lets the row pointers' alignment be known).
+    @triton.jit(do_not_specialize=["channels"])
+    def _depthwise_conv1d_kernel(x_ptr, w_ptr, b_ptr, alpha_ptr, scale_ptr, out_ptr, channels, length_in, length_out,
+                                 DILATION: tl.constexpr, PADDING: tl.constexpr, K: tl.constexpr,
+                                 HAS_BIAS: tl.constexpr, SNAKE: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)  # batch * channels + channel
         c = row % channels
-        t = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # int32: the row's base pointer carries the int64 part
+        x_row = x_ptr + row.to(tl.int64) * length_in
         inside = t < length_out
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for k in tl.static_range(K):
-            src = t - padding + k * dilation
+            src = t + (k * DILATION - PADDING)
             ok = inside & (src >= 0) & (src < length_in)
-            x = tl.load(x_ptr + row * length_in + src, mask=ok, other=0.0).to(tl.float32)
+            x = tl.load(x_row + src, mask=ok, other=0.0).to(tl.float32)
             acc += x * tl.load(w_ptr + c * K + k).to(tl.float32)
         if HAS_BIAS:
             acc += tl.load(b_ptr + c).to(tl.float32)
-        tl.store(out_ptr + row * length_out + t, acc.to(out_ptr.dtype.element_ty), mask=inside)
+        if SNAKE:  # the Snake after the convolution, on its float32 sums
+            acc += tl.load(scale_ptr + c).to(tl.float32) * _sin2(tl.load(alpha_ptr + c).to(tl.float32) * acc)
+        tl.store(out_ptr + row.to(tl.int64) * length_out + t, acc.to(out_ptr.dtype.element_ty), mask=inside)
+
+    # Lengths and strides are specialised on: where they divide by 16 the tiles' loads and stores are vectorised.
+    @triton.jit
+    def _pointwise_kernel(h_ptr, w_ptr, b_ptr, noise_ptr, res_ptr, out_ptr, length, h_sb, h_sc, r_sb, r_sc,
+                          C_IN: tl.constexpr, C_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, NOISE: tl.constexpr,
+                          BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)  # the batch row's base pointers carry the int64 offsets; in a row the
+        co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)  # offsets are int32 (`pointwise_conv1d` checks)
+        t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_ok = t[None, :] < length
+        h_row = h_ptr + b * h_sb
+        acc = tl.zeros([BLOCK_CO, BLOCK_T], dtype=tl.float32)
+        for k0 in range(0, C_IN, BLOCK_K):
+            ci = k0 + tl.arange(0, BLOCK_K)
+            w = tl.load(w_ptr + co[:, None] * C_IN + ci[None, :])
+            h = tl.load(h_row + ci[:, None] * h_sc + t[None, :], mask=t_ok, other=0.0)
+            acc = tl.dot(w, h.to(w.dtype), acc)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + co).to(tl.float32)[:, None]
+        if NOISE:  # SNAC's noise block: res + noise * (W res), noise [B, 1, T] float32
+            acc *= tl.load(noise_ptr + b * length + t, mask=t < length, other=0.0)[None, :]
+        acc += tl.load(res_ptr + b * r_sb + co[:, None] * r_sc + t[None, :], mask=t_ok, other=0.0).to(tl.float32)
+        out = out_ptr + b * C_OUT * length + co[:, None] * length + t[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=t_ok)
 
 
 def _row_block(length: int) -> tuple[int, int]:
@@ -180,9 +229,11 @@ def conv1d_to_one(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int,
     return out
 
 
-def depthwise_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, padding: int) -> Tensor:
+def depthwise_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, padding: int,
+                     snake: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """F.conv1d with groups = channels and stride 1: x [B, C, T], weight [C, 1, K], bias [C] or None
-    -> [B, C, T + 2 * padding - dilation * (K - 1)] in x's dtype (float32 accumulation)."""
+    -> [B, C, T + 2 * padding - dilation * (K - 1)] in x's dtype (float32 accumulation). `snake` = (alpha,
+    scale), C values each: the Snake after the convolution (`snake()`'s formula) applied before rounding."""
     x = x.contiguous()
     batch, channels, length = x.shape
     kernel = weight.shape[-1]
@@ -191,9 +242,45 @@ def depthwise_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: i
     if out.numel():
         w = weight.reshape(channels, kernel).contiguous()
         b = bias.contiguous() if bias is not None else w
-        grid = (batch * channels, triton.cdiv(length_out, 256))
-        _depthwise_conv1d_kernel[grid](x, w, b, out, channels, length, length_out, dilation, padding,
-                                       K=kernel, HAS_BIAS=bias is not None, BLOCK=256)
+        alpha, scale = (t.reshape(-1).contiguous() for t in snake) if snake is not None else (w, w)
+        block, warps = _row_block(length_out)
+        grid = (batch * channels, triton.cdiv(length_out, block))
+        _depthwise_conv1d_kernel[grid](x, w, b, alpha, scale, out, channels, length, length_out, DILATION=dilation,
+                                       PADDING=padding, K=kernel, HAS_BIAS=bias is not None, SNAKE=snake is not None, BLOCK=block,
+                                       num_warps=warps)
+    return out
+
+
+def pointwise_blocks(c_in: int, c_out: int) -> tuple[int, int] | None:
+    """(BLOCK_CO, BLOCK_K) of `pointwise_conv1d` for these channels, or None where it does not apply
+    (tensor-core tiles need multiples of 16)."""
+    if c_in % 16 or c_out % 16:
+        return None
+    return min(64, c_out & -c_out), min(64, c_in & -c_in)
+
+
+def pointwise_conv1d(h: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor,
+                     noise: Tensor | None = None) -> Tensor:
+    """A 1x1 convolution with its epilogue in one kernel: residual + (weight h + bias), or with `noise`
+    [B, 1, T] (float32) SNAC's noise block residual + noise * (weight h). h [B, C_in, T], weight [C_out, C_in, 1],
+    residual [B, C_out, T] (any batch and channel strides; pass h again for the noise block) -> contiguous, in
+    h's dtype (float32 accumulation; float32 operands multiply in TF32, as cuDNN's convolutions do)."""
+    h, residual = _unit_last_stride(h), _unit_last_stride(residual)
+    noise = noise.float().contiguous() if noise is not None else None
+    batch, c_in, length = h.shape
+    c_out = weight.shape[0]
+    block_co, block_k = pointwise_blocks(c_in, c_out)
+    if max(c_in * h.stride(1), c_out * residual.stride(1), c_out * length) >= 2**31:
+        raise ValueError(f"pointwise_conv1d: a batch row of {c_in}x{length} is past the kernel's int32 offsets")
+    out = torch.empty(batch, c_out, length, dtype=h.dtype, device=h.device)
+    if out.numel():
+        w = weight.reshape(c_out, c_in).to(h.dtype).contiguous()
+        block_t = 128
+        grid = (batch, c_out // block_co, triton.cdiv(length, block_t))
+        _pointwise_kernel[grid](h, w, bias if bias is not None else w, noise if noise is not None else w, residual,
+                                out, length, h.stride(0), h.stride(1), residual.stride(0), residual.stride(1),
+                                C_IN=c_in, C_OUT=c_out, HAS_BIAS=bias is not None, NOISE=noise is not None,
+                                BLOCK_CO=block_co, BLOCK_T=block_t, BLOCK_K=block_k, num_warps=4)
     return out
 
 
@@ -260,6 +347,25 @@ def conv_transpose1d(up: torch.nn.ConvTranspose1d, x: Tensor) -> Tensor:
     if plain and triton_ops.enabled(x) and transpose_gemm(x.shape[0]):
         return gemm_conv_transpose1d(x, up.weight, up.bias, up.stride[0], up.padding[0], up.output_padding[0])
     return up(x)
+
+
+_fuse: str | None = None  # VOX_CODEC_FUSE, read once: "0" keeps the unfused kernels
+
+
+def fuses(conv: torch.nn.Conv1d | None, proj: torch.nn.Conv1d) -> bool:
+    """Whether a residual unit (depthwise `conv`, then Snake, then the 1x1 `proj`) or, with conv None, a noise
+    block (`proj` its 1x1 convolution) runs as `depthwise_conv1d(snake=...)` + `pointwise_conv1d` on a GPU:
+    4 passes over its activations instead of 7 (VOX_CODEC_FUSE=0: the unfused kernels, for A/B)."""
+    global _fuse
+    if _fuse is None:
+        _fuse = os.environ.get("VOX_CODEC_FUSE", "")
+        if _fuse not in ("", "0", "1"):
+            raise ValueError(f"VOX_CODEC_FUSE={_fuse!r}: use 0 (unfused kernels) or 1 (fused, the default)")
+    if _fuse == "0" or proj.kernel_size != (1,) or proj.groups != 1 or pointwise_blocks(proj.in_channels,
+                                                                                         proj.out_channels) is None:
+        return False
+    return conv is None or (conv.groups == conv.in_channels == conv.out_channels and conv.stride == (1,)
+                            and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros")
 
 
 # Which dilated convolutions `conv1d` folds on a GPU. Measured on the H200, Qwen3-TTS codec launch in graph
