@@ -6,10 +6,11 @@
 Takes the server's flags and builds the engine as the server does (KV sized, stages captured). For
 every scenario (prefill of short prompts, decode at several batch sizes with a 512-token context,
 codec chunks at several batch sizes; `STAGES=codec` or `STAGES=prefill,decode` keeps some, `BATCHES=1,4`
-sets the decode batches, `TOP=N` lists N kernels) it reports, per launch: the whole step through the spec-driven
-worker (host write, one upload, attention planning, launch, one download), the captured graph replayed
-alone, the stage run eagerly, and the top kernels of one eager run (torch.profiler). Slots are admitted
-with synthetic page tables (every row holds its own pages), so this measures stages, not scheduling.
+sets the decode batches, `TOP=N` lists N kernels, `OPS=N` the N slowest convolutions and matmuls with their
+input shapes) it reports, per launch: the whole step through the spec-driven worker (host write, one upload,
+attention planning, launch, one download), the captured graph replayed alone, the stage run eagerly, and
+the top kernels of one eager run (torch.profiler). Slots are admitted with synthetic page tables (every row
+holds its own pages), so this measures stages, not scheduling.
 """
 
 from __future__ import annotations
@@ -112,7 +113,23 @@ def kernels(run: Callable[[], None], top: int) -> list[dict]:
     for e in events[:top]:
         out.append({"name": e.key[:300], "count": e.count, "ms": time_of(e) / 1000})
         print(f"    {time_of(e) / 1000:8.3f} ms  x{e.count:<5d} {e.key[:100]}")
+    ops = int(os.environ.get("OPS", "0"))
+    if ops and on_gpu:
+        op_shapes(run, ops)
     return out
+
+
+def op_shapes(run: Callable[[], None], top: int) -> None:
+    """The `top` convolution and matmul calls by device time, with their input shapes (`OPS=N`): which layer a
+    slow kernel belongs to."""
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts, record_shapes=True) as prof:
+        run()
+        sync()
+    wanted = ("aten::convolution", "aten::mm", "aten::bmm", "aten::matmul", "aten::addmm")
+    events = [e for e in prof.key_averages(group_by_input_shape=True) if e.key in wanted and e.device_time_total > 0]
+    for e in sorted(events, key=lambda e: e.device_time_total, reverse=True)[:top]:
+        print(f"    op {e.device_time_total / 1000:8.3f} ms  x{e.count:<4d} {e.key} {str(e.input_shapes)[:160]}")
 
 
 def scenario_plan(program: Program, stage: Stage, n: int) -> StepPlan:
