@@ -101,11 +101,11 @@ class _Snake(nn.Module):
 
     def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         """`bias` (GPUs): a convolution's bias, added to x first in the same kernel."""
-        (scale,) = self._scale.get(self.alpha)
+        alpha, scale = self.factors()
         if triton_ops.enabled(x):
-            return codec_kernels.snake(x, self.alpha, scale, bias=bias)
+            return codec_kernels.snake(x, alpha, scale, bias=bias)
         x = x if bias is None else x + bias[:, None]
-        return x + scale * torch.sin(self.alpha * x).pow(2)
+        return x + scale * torch.sin(alpha * x).pow(2)
 
 
 def _conv_reach(conv: nn.Conv1d) -> tuple[int, int]:

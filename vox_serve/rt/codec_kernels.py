@@ -246,8 +246,8 @@ def depthwise_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: i
         block, warps = _row_block(length_out)
         grid = (batch * channels, triton.cdiv(length_out, block))
         _depthwise_conv1d_kernel[grid](x, w, b, alpha, scale, out, channels, length, length_out, DILATION=dilation,
-                                       PADDING=padding, K=kernel, HAS_BIAS=bias is not None, SNAKE=snake is not None, BLOCK=block,
-                                       num_warps=warps)
+                                       PADDING=padding, K=kernel, HAS_BIAS=bias is not None, SNAKE=snake is not None,
+                                       BLOCK=block, num_warps=warps)
     return out
 
 

@@ -73,6 +73,7 @@ def load_orpheus(name: str, load_format: str, device: torch.device, dtype: torch
     """Build the Orpheus program for a registry name, a local checkpoint dir or a cached HF id; SNAC in
     `codec_dtype` (default: the LM's `dtype`; bfloat16 is within 30 dB SNR of float32, tests/test_snac_codec.py)."""
     model_dir: Path | None = None
+    snac_dtype = codec_dtype or dtype
     if name == "orpheus-tiny":
         lm_cfg_dict, snac_cfg_dict = ORPHEUS_TINY_CONFIG, SNAC_TINY_CONFIG
     else:
@@ -85,12 +86,11 @@ def load_orpheus(name: str, load_format: str, device: torch.device, dtype: torch
         lm = LlamaForCausalLM(lm_cfg, max_positions=max_model_len)
     if model_dir is None:
         init_random(lm, seed)
-        snac = SnacDecoder.random(SnacConfig.from_dict(snac_cfg_dict), seed=seed + 1, device=device,
-                                  dtype=codec_dtype or dtype)
+        snac = SnacDecoder.random(SnacConfig.from_dict(snac_cfg_dict), seed=seed + 1, device=device, dtype=snac_dtype)
         tokenizer = for_user_text(byte_level_tokenizer())
     else:
         lm.load_hf_weights(iter_safetensors(model_dir))
-        snac = SnacDecoder.from_dir(str(_find_snac(model_dir, codec_path)), device=device, dtype=codec_dtype or dtype)
+        snac = SnacDecoder.from_dir(str(_find_snac(model_dir, codec_path)), device=device, dtype=snac_dtype)
         tokenizer = for_user_text(load_tokenizer_json(model_dir))
     lm = lm.to(dtype).eval()
     meta = orpheus_meta(name, max_model_len, constrain_audio)
