@@ -74,10 +74,10 @@ def test_transpose_gemm_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     """SNAC's transposed convolutions run as GEMMs on one-window launches (where that was measured faster);
     VOX_CODEC_TRANSPOSE_GEMM=0 / 1 turns that off / on at every batch, anything else is refused."""
     for value, one, many in (("", True, False), ("0", False, False), ("1", True, True)):
-        monkeypatch.setattr(codec_kernels, "_transpose_gemm", None)
+        monkeypatch.setattr(codec_kernels, "_switches", {})
         monkeypatch.setenv("VOX_CODEC_TRANSPOSE_GEMM", value)
         assert (codec_kernels.transpose_gemm(1), codec_kernels.transpose_gemm(16)) == (one, many), value
-    monkeypatch.setattr(codec_kernels, "_transpose_gemm", None)
+    monkeypatch.setattr(codec_kernels, "_switches", {})
     monkeypatch.setenv("VOX_CODEC_TRANSPOSE_GEMM", "yes")
     with pytest.raises(ValueError, match="VOX_CODEC_TRANSPOSE_GEMM"):
         codec_kernels.transpose_gemm(1)

@@ -406,8 +406,39 @@ def check_pointwise() -> None:
             got = codec_kernels.pointwise_conv1d(h, w, None, residual=h, noise=noise)
             ref = h + noise * F.conv1d(h, w)
             assert (got - ref).abs().max() < 1e-4, (c_in, (got - ref).abs().max())
-    assert codec_kernels.pointwise_blocks(64, 1024) == (64, 64) and codec_kernels.pointwise_blocks(96, 48) == (16, 32)
-    assert codec_kernels.pointwise_blocks(8, 64) is None
+    tile = codec_kernels.gemm_tile(96, 48, 1, 300, torch.bfloat16)
+    assert (tile.co, tile.k) == (16, 32) and codec_kernels.gemm_tile(64, 1024, 1, 9, torch.float32).k == 32
+    assert codec_kernels.gemm_tile(8, 64, 1, 300, torch.float32) is None
+
+
+def check_conv_gemm() -> None:
+    """A dense convolution as an implicit GEMM equals F.conv1d and its epilogues their formulas: taps of several
+    dilations, padding on both sides, output channels not a multiple of the tile (masked), input channels of
+    several blocks, strided inputs, lengths past one time tile, tiles given explicitly."""
+    gen = torch.Generator().manual_seed(13)
+    small = codec_kernels.GemmTile(co=16, t=32, k=16)
+    cases = ((32, 24, 7, 9, 0, 200, True, None), (48, 64, 7, 3, 3, 130, False, None), (16, 96, 3, 1, 1, 70, True, None),
+             (64, 48, 7, 1, 0, 90, True, small), (32, 16, 1, 1, 0, 33, True, small))
+    for c_in, c_out, kernel, dilation, padding, length, bias, tile in cases:
+        conv = torch.nn.Conv1d(c_in, c_out, kernel, dilation=dilation, padding=padding, bias=bias)
+        x = torch.randn(2, c_in, length + 5, generator=gen)[..., 2 : 2 + length]  # a strided view, as a cropped window
+        taps = codec_kernels.tap_weights(conv)
+        with torch.no_grad():
+            ref = conv(x)
+            got = codec_kernels.conv_gemm(x, taps, conv.bias, dilation, padding, tile=tile)
+            assert got.shape == ref.shape and (got - ref).abs().max() < 1e-4, (c_in, c_out, (got - ref).abs().max())
+            alpha, scale = torch.rand(c_out, generator=gen) + 0.2, torch.rand(c_out, generator=gen)
+            res = torch.randn(*ref.shape, generator=gen)
+            got = codec_kernels.conv_gemm(x, taps, conv.bias, dilation, padding, snake=(alpha, scale), residual=res,
+                                          tile=tile)
+            want = _snake64(ref, alpha[:, None], scale[:, None]) + res
+            assert (got - want).abs().max() < 1e-4, (c_in, c_out, "epilogue", (got - want).abs().max())
+    conv = torch.nn.Conv1d(16, 16, 7)
+    first = codec_kernels.tap_weights(conv)
+    assert codec_kernels.tap_weights(conv) is first and first.shape == (7, 16, 16)
+    with torch.no_grad():
+        conv.weight.mul_(2.0)  # an in-place write: the taps follow it
+    assert torch.equal(codec_kernels.tap_weights(conv), conv.weight.permute(2, 0, 1))
 
 
 def check_folded_conv() -> None:
@@ -456,7 +487,9 @@ def check_codecs() -> None:
     from vox_serve.models.orpheus.loader import SNAC_TINY_CONFIG
     from vox_serve.models.qwen3_tts.loader import TINY_CODEC_CONFIG
 
-    qwen = Qwen3CodecDecoder.random(Qwen3CodecConfig.from_dict(TINY_CODEC_CONFIG), seed=3)
+    wide = {**TINY_CODEC_CONFIG, "decoder_config": {**TINY_CODEC_CONFIG["decoder_config"], "decoder_dim": 256}}
+    qwen = Qwen3CodecDecoder.random(Qwen3CodecConfig.from_dict(wide), seed=3)  # every residual unit 16+ channels:
+    # its convolutions run as `conv_gemm` with the Snake and the residual add in their epilogues
     snac = SnacDecoder.random(SnacConfig.from_dict(SNAC_TINY_CONFIG), seed=5)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():  # random() zeroes these: non-zero Snake factors and biases, so every term counts

@@ -117,7 +117,11 @@ class CausalConv(StatefulLayer):
     def forward(self, x: Tensor, states: list[Tensor], act: Activation | None = None, bias: bool = True) -> Tensor:
         """[B, C_in, N] -> [B, C_out, N]: conv(act(x)) with the left context (`bias=False`: without the
         conv's bias, which the caller adds in a kernel after it)."""
-        return codec_kernels.conv1d(self.conv, _input(x, states, self.state_id, self.context_len, act), bias)
+        return codec_kernels.conv1d(self.conv, self.joined(x, states, act), bias)
+
+    def joined(self, x: Tensor, states: list[Tensor], act: Activation | None = None) -> Tensor:
+        """The convolution's input [B, C_in, context + N]: the left context, then act(x) (a fused kernel's)."""
+        return _input(x, states, self.state_id, self.context_len, act)
 
 
 class CausalUpConv(StatefulLayer):

@@ -30,11 +30,14 @@ interpreter (TRITON_INTERPRET=1) against the references.
 from __future__ import annotations
 
 import os
+import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vox_serve.layers.derived import Derived
 from vox_serve.rt import triton_ops
 
 try:
@@ -139,29 +142,45 @@ if triton is not None:
             acc += tl.load(scale_ptr + c).to(tl.float32) * _sin2(tl.load(alpha_ptr + c).to(tl.float32) * acc)
         tl.store(out_ptr + row.to(tl.int64) * length_out + t, acc.to(out_ptr.dtype.element_ty), mask=inside)
 
-    # Lengths and strides are specialised on: where they divide by 16 the tiles' loads and stores are vectorised.
+    # A stride-1 convolution as an implicit GEMM, one [BLOCK_CO, BLOCK_T] output tile per program: the K taps
+    # times the C_IN / BLOCK_K channel blocks are one loop of tensor-core dots (weight [K, C_OUT, C_IN]), each
+    # tap reading the input shifted by its offset; epilogues: bias, a Snake, SNAC's noise scale, a residual add.
+    # Channels, taps and offsets are compile-time constants (one variant per layer shape); lengths and strides
+    # are specialised on (where they divide by 16 the loads and stores are vectorised).
     @triton.jit
-    def _pointwise_kernel(h_ptr, w_ptr, b_ptr, noise_ptr, res_ptr, out_ptr, length, h_sb, h_sc, r_sb, r_sc,
-                          C_IN: tl.constexpr, C_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, NOISE: tl.constexpr,
-                          BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, alpha_ptr, scale_ptr, noise_ptr, res_ptr, out_ptr, length_in, length,
+                          x_sb, x_sc, r_sb, r_sc, C_IN: tl.constexpr, C_OUT: tl.constexpr, K: tl.constexpr,
+                          DILATION: tl.constexpr, PADDING: tl.constexpr, HAS_BIAS: tl.constexpr, SNAKE: tl.constexpr,
+                          NOISE: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)  # the batch row's base pointers carry the int64 offsets; in a row the
-        co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)  # offsets are int32 (`pointwise_conv1d` checks)
+        co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)  # offsets are int32 (`conv_gemm` checks)
         t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
-        t_ok = t[None, :] < length
-        h_row = h_ptr + b * h_sb
+        co_ok = co < C_OUT
+        t_ok = t < length
+        x_row = x_ptr + b * x_sb
         acc = tl.zeros([BLOCK_CO, BLOCK_T], dtype=tl.float32)
-        for k0 in range(0, C_IN, BLOCK_K):
-            ci = k0 + tl.arange(0, BLOCK_K)
-            w = tl.load(w_ptr + co[:, None] * C_IN + ci[None, :])
-            h = tl.load(h_row + ci[:, None] * h_sc + t[None, :], mask=t_ok, other=0.0)
+        steps = C_IN // BLOCK_K
+        for i in range(K * steps):
+            tap = i // steps
+            ci = (i % steps) * BLOCK_K + tl.arange(0, BLOCK_K)
+            src = t + (tap * DILATION - PADDING)
+            src_ok = t_ok & (src >= 0) & (src < length_in) if PADDING else t_ok
+            w = tl.load(w_ptr + (tap * C_OUT + co[:, None]) * C_IN + ci[None, :], mask=co_ok[:, None], other=0.0)
+            h = tl.load(x_row + ci[:, None] * x_sc + src[None, :], mask=src_ok[None, :], other=0.0)
             acc = tl.dot(w, h.to(w.dtype), acc)
         if HAS_BIAS:
-            acc += tl.load(b_ptr + co).to(tl.float32)[:, None]
+            acc += tl.load(b_ptr + co, mask=co_ok, other=0.0).to(tl.float32)[:, None]
+        if SNAKE:  # the Snake after the convolution, on its float32 sums
+            alpha = tl.load(alpha_ptr + co, mask=co_ok, other=0.0).to(tl.float32)[:, None]
+            acc += tl.load(scale_ptr + co, mask=co_ok, other=0.0).to(tl.float32)[:, None] * _sin2(alpha * acc)
         if NOISE:  # SNAC's noise block: res + noise * (W res), noise [B, 1, T] float32
-            acc *= tl.load(noise_ptr + b * length + t, mask=t < length, other=0.0)[None, :]
-        acc += tl.load(res_ptr + b * r_sb + co[:, None] * r_sc + t[None, :], mask=t_ok, other=0.0).to(tl.float32)
+            acc *= tl.load(noise_ptr + b * length + t, mask=t_ok, other=0.0)[None, :]
+        ok = co_ok[:, None] & t_ok[None, :]
+        if RESIDUAL:
+            acc += tl.load(res_ptr + b * r_sb + co[:, None] * r_sc + t[None, :], mask=ok, other=0.0).to(tl.float32)
         out = out_ptr + b * C_OUT * length + co[:, None] * length + t[None, :]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=t_ok)
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def _row_block(length: int) -> tuple[int, int]:
@@ -251,37 +270,87 @@ def depthwise_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: i
     return out
 
 
-def pointwise_blocks(c_in: int, c_out: int) -> tuple[int, int] | None:
-    """(BLOCK_CO, BLOCK_K) of `pointwise_conv1d` for these channels, or None where it does not apply
-    (tensor-core tiles need multiples of 16)."""
-    if c_in % 16 or c_out % 16:
+@dataclass(frozen=True)
+class GemmTile:
+    """Launch shape of `conv_gemm`: output channels x samples per program, input channels per dot."""
+
+    co: int
+    t: int
+    k: int
+    warps: int = 4
+    stages: int = 3
+
+
+def gemm_tile(c_in: int, c_out: int, kernel: int, length: int, dtype: torch.dtype) -> GemmTile | None:
+    """`conv_gemm`'s tile for a layer, or None where it does not apply (tensor-core dots need the input channels
+    in blocks of 16). 1x1 convolutions keep the tile SNAC's were measured with (benchmark/results/h100-2026-12-06b);
+    wider kernels take up to 128 x 128 tiles (fewer, larger dots reuse each loaded input more)."""
+    if c_in % 16 or c_out < 1:
         return None
-    return min(64, c_out & -c_out), min(64, c_in & -c_in)
+    k = min(32 if dtype.itemsize > 2 else 64, c_in & -c_in)  # float32 tiles: half the shared memory per stage
+    if kernel == 1:
+        return GemmTile(co=min(64, max(16, c_out & -c_out)), t=128, k=k) if c_out % 16 == 0 else None
+    co = min(128, max(16, triton.next_power_of_2(c_out)))
+    t = min(128, max(16, triton.next_power_of_2(max(length, 1))))
+    return GemmTile(co=co, t=t, k=k, warps=8 if co * t >= 128 * 128 else 4)
+
+
+def conv_gemm(x: Tensor, taps: Tensor, bias: Tensor | None, dilation: int = 1, padding: int = 0, *,
+              snake: tuple[Tensor, Tensor] | None = None, residual: Tensor | None = None,
+              noise: Tensor | None = None, tile: GemmTile | None = None) -> Tensor:
+    """F.conv1d(x, weight, bias, stride 1, padding, dilation) for groups = 1 as an implicit GEMM on tensor cores,
+    with its epilogue in the same kernel: then `snake` = (alpha, scale) (C_out values each, `snake()`'s formula),
+    then `noise` [B, 1, T] float32 as a factor (SNAC's noise block), then `+ residual` [B, C_out, T].
+    x [B, C_in, L] (any batch and channel strides), `taps` = weight.permute(2, 0, 1) contiguous ([K, C_out, C_in],
+    `tap_weights`) -> contiguous [B, C_out, L + 2 padding - dilation (K - 1)] in x's dtype (float32 accumulation;
+    float32 operands multiply in TF32, as cuDNN's convolutions do). `tile`: `gemm_tile`'s unless given."""
+    x = _unit_last_stride(x)
+    batch, c_in, length_in = x.shape
+    kernel, c_out, _ = taps.shape
+    length = length_in + 2 * padding - dilation * (kernel - 1)
+    tile = tile or gemm_tile(c_in, c_out, kernel, length, x.dtype)
+    if tile is None:
+        raise ValueError(f"conv_gemm: {c_in} input channels are no multiple of 16")
+    res = _unit_last_stride(residual) if residual is not None else None
+    widest = max(c_in * x.stride(1), c_out * res.stride(1) if res is not None else 0, c_out * max(length, 0))
+    if widest >= 2**31:
+        raise ValueError(f"conv_gemm: a batch row of {c_in}x{length_in} is past the kernel's int32 offsets")
+    out = torch.empty(batch, c_out, max(length, 0), dtype=x.dtype, device=x.device)
+    if out.numel():
+        alpha, scale = (t.reshape(-1).contiguous() for t in snake) if snake is not None else (taps, taps)
+        grid = (batch, triton.cdiv(c_out, tile.co), triton.cdiv(length, tile.t))
+        _conv_gemm_kernel[grid](
+            x, taps.to(x.dtype), bias if bias is not None else taps, alpha, scale,
+            noise.float().contiguous() if noise is not None else taps, res if res is not None else x, out,
+            length_in, length, x.stride(0), x.stride(1), res.stride(0) if res is not None else 0,
+            res.stride(1) if res is not None else 0, C_IN=c_in, C_OUT=c_out, K=kernel, DILATION=dilation,
+            PADDING=padding, HAS_BIAS=bias is not None, SNAKE=snake is not None, NOISE=noise is not None,
+            RESIDUAL=res is not None, BLOCK_CO=tile.co, BLOCK_T=tile.t, BLOCK_K=tile.k, num_warps=tile.warps,
+            num_stages=tile.stages)
+    return out
 
 
 def pointwise_conv1d(h: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor,
                      noise: Tensor | None = None) -> Tensor:
-    """A 1x1 convolution with its epilogue in one kernel: residual + (weight h + bias), or with `noise`
-    [B, 1, T] (float32) SNAC's noise block residual + noise * (weight h). h [B, C_in, T], weight [C_out, C_in, 1],
-    residual [B, C_out, T] (any batch and channel strides; pass h again for the noise block) -> contiguous, in
-    h's dtype (float32 accumulation; float32 operands multiply in TF32, as cuDNN's convolutions do)."""
-    h, residual = _unit_last_stride(h), _unit_last_stride(residual)
-    noise = noise.float().contiguous() if noise is not None else None
-    batch, c_in, length = h.shape
-    c_out = weight.shape[0]
-    block_co, block_k = pointwise_blocks(c_in, c_out)
-    if max(c_in * h.stride(1), c_out * residual.stride(1), c_out * length) >= 2**31:
-        raise ValueError(f"pointwise_conv1d: a batch row of {c_in}x{length} is past the kernel's int32 offsets")
-    out = torch.empty(batch, c_out, length, dtype=h.dtype, device=h.device)
-    if out.numel():
-        w = weight.reshape(c_out, c_in).to(h.dtype).contiguous()
-        block_t = 128
-        grid = (batch, c_out // block_co, triton.cdiv(length, block_t))
-        _pointwise_kernel[grid](h, w, bias if bias is not None else w, noise if noise is not None else w, residual,
-                                out, length, h.stride(0), h.stride(1), residual.stride(0), residual.stride(1),
-                                C_IN=c_in, C_OUT=c_out, HAS_BIAS=bias is not None, NOISE=noise is not None,
-                                BLOCK_CO=block_co, BLOCK_T=block_t, BLOCK_K=block_k, num_warps=4)
-    return out
+    """A 1x1 convolution with its epilogue in one kernel (`conv_gemm`): residual + (weight h + bias), or with
+    `noise` [B, 1, T] (float32) SNAC's noise block residual + noise * (weight h). h [B, C_in, T], weight
+    [C_out, C_in, 1], residual [B, C_out, T] (pass h again for the noise block)."""
+    c_out, c_in, _ = weight.shape
+    return conv_gemm(h, weight.reshape(1, c_out, c_in), bias, residual=residual, noise=noise)
+
+
+_taps: dict[int, Derived] = {}  # by id(weight); an entry goes with its weight (tensors are no weak keys: their
+# == is elementwise)
+
+
+def tap_weights(conv: torch.nn.Conv1d) -> Tensor:
+    """conv.weight as `conv_gemm` reads it, [K, C_out, C_in], kept until the weight changes."""
+    key = id(conv.weight)
+    derived = _taps.get(key)
+    if derived is None:
+        derived = _taps[key] = Derived(lambda w: (w.permute(2, 0, 1).contiguous(),))
+        weakref.finalize(conv.weight, _taps.pop, key, None)
+    return derived.get(conv.weight)[0]
 
 
 def folded_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, padding: int) -> Tensor:
@@ -326,17 +395,13 @@ def gemm_conv_transpose1d(x: Tensor, weight: Tensor, bias: Tensor | None, stride
 # Measured on an H100, SNAC's cropped Orpheus window in graph ms (benchmark/results/h100-2026-12-06), cuDNN /
 # GEMM: 1 window 0.538 / 0.483; 16: 1.270 / 1.524; 64: 4.166 / 5.242; 256: 11.21 / 18.91.
 TRANSPOSE_GEMM_ROWS = 1
-_transpose_gemm: str | None = None  # VOX_CODEC_TRANSPOSE_GEMM, read once: "0" never, "1" at any batch
 
 
 def transpose_gemm(rows: int) -> bool:
-    """Whether `conv_transpose1d` runs a launch of `rows` rows as a GEMM on a GPU."""
-    global _transpose_gemm
-    if _transpose_gemm is None:
-        _transpose_gemm = os.environ.get("VOX_CODEC_TRANSPOSE_GEMM", "")
-        if _transpose_gemm not in ("", "0", "1"):
-            raise ValueError(f"VOX_CODEC_TRANSPOSE_GEMM={_transpose_gemm!r}: use 0 (never) or 1 (at any batch)")
-    return _transpose_gemm == "1" or (_transpose_gemm == "" and rows <= TRANSPOSE_GEMM_ROWS)
+    """Whether `conv_transpose1d` runs a launch of `rows` rows as a GEMM on a GPU (VOX_CODEC_TRANSPOSE_GEMM:
+    0 never, 1 at any batch)."""
+    switch = _switch("VOX_CODEC_TRANSPOSE_GEMM")
+    return switch == "1" or (switch == "" and rows <= TRANSPOSE_GEMM_ROWS)
 
 
 def conv_transpose1d(up: torch.nn.ConvTranspose1d, x: Tensor) -> Tensor:
@@ -349,23 +414,34 @@ def conv_transpose1d(up: torch.nn.ConvTranspose1d, x: Tensor) -> Tensor:
     return up(x)
 
 
-_fuse: str | None = None  # VOX_CODEC_FUSE, read once: "0" keeps the unfused kernels
+_switches: dict[str, str] = {}  # the kernels' A/B switches, each read from the environment once
+
+
+def _switch(name: str) -> str:
+    """The A/B switch `name`: "" (unset: the default), "0" (off) or "1" (on)."""
+    if name not in _switches:
+        value = os.environ.get(name, "")
+        if value not in ("", "0", "1"):
+            raise ValueError(f"{name}={value!r}: use 0 (off) or 1 (on; unset: the default)")
+        _switches[name] = value
+    return _switches[name]
 
 
 def fuses(conv: torch.nn.Conv1d | None, proj: torch.nn.Conv1d) -> bool:
     """Whether a residual unit (depthwise `conv`, then Snake, then the 1x1 `proj`) or, with conv None, a noise
     block (`proj` its 1x1 convolution) runs as `depthwise_conv1d(snake=...)` + `pointwise_conv1d` on a GPU:
     4 passes over its activations instead of 7 (VOX_CODEC_FUSE=0: the unfused kernels, for A/B)."""
-    global _fuse
-    if _fuse is None:
-        _fuse = os.environ.get("VOX_CODEC_FUSE", "")
-        if _fuse not in ("", "0", "1"):
-            raise ValueError(f"VOX_CODEC_FUSE={_fuse!r}: use 0 (unfused kernels) or 1 (fused, the default)")
-    if _fuse == "0" or proj.kernel_size != (1,) or proj.groups != 1 or pointwise_blocks(proj.in_channels,
-                                                                                         proj.out_channels) is None:
+    if _switch("VOX_CODEC_FUSE") == "0" or proj.kernel_size != (1,) or proj.groups != 1 or proj.in_channels % 16:
         return False
     return conv is None or (conv.groups == conv.in_channels == conv.out_channels and conv.stride == (1,)
                             and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros")
+
+
+def gemm_convs(conv: torch.nn.Conv1d) -> bool:
+    """Whether `conv1d` runs `conv` as `conv_gemm` on a GPU: groups 1, stride 1, zero padding, input channels
+    in blocks of 16, more than one output channel (VOX_CONV_GEMM=0: cuDNN's kernels and folding, for A/B)."""
+    return (_switch("VOX_CONV_GEMM") != "0" and conv.groups == 1 and conv.stride == (1,) and conv.in_channels % 16 == 0
+            and conv.out_channels > 1 and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros")
 
 
 # Which dilated convolutions `conv1d` folds on a GPU. Measured on the H200, Qwen3-TTS codec launch in graph
@@ -389,8 +465,8 @@ def folds(dilation: int, rows: int) -> bool:
 
 def conv1d(conv: torch.nn.Conv1d, x: Tensor, bias: bool = True) -> Tensor:
     """`conv(x)` (`bias=False`: without its bias, which a kernel after it adds); on a GPU, depthwise
-    convolutions and those with one output channel (stride 1, zero padding, no groups otherwise) run the
-    kernels above, and convolutions of a large dilation are folded (`folded_conv1d`)."""
+    convolutions, those with one output channel and the dense ones `gemm_convs` takes (stride 1, zero padding)
+    run the kernels above; with VOX_CONV_GEMM=0, convolutions of a large dilation are folded (`folded_conv1d`)."""
     b = conv.bias if bias else None
     plain = conv.stride == (1,) and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros"
     if plain and triton_ops.enabled(x):
@@ -398,6 +474,8 @@ def conv1d(conv: torch.nn.Conv1d, x: Tensor, bias: bool = True) -> Tensor:
             return depthwise_conv1d(x, conv.weight, b, conv.dilation[0], conv.padding[0])
         if conv.out_channels == 1 and conv.groups == 1:
             return conv1d_to_one(x, conv.weight, b, conv.dilation[0], conv.padding[0])
+        if gemm_convs(conv):
+            return conv_gemm(x, tap_weights(conv), b, conv.dilation[0], conv.padding[0])
         if conv.groups == 1 and conv.dilation[0] > 1 and folds(conv.dilation[0], x.shape[0]):
             return folded_conv1d(x, conv.weight, b, conv.dilation[0], conv.padding[0])
     return conv(x) if bias else conv._conv_forward(x, conv.weight, None)

@@ -79,7 +79,12 @@ class ResidualUnit(nn.Module):
     def forward(self, x: Tensor, states: list[Tensor]) -> Tensor:
         if not triton_ops.enabled(x):
             return x + self.conv2(self.conv1(x, states, act=self.act1), states, act=self.act2)
-        # on GPUs each convolution's bias rides in the kernel after it (SnakeBeta, the residual add)
+        conv1, conv2 = self.conv1.conv, self.conv2.conv
+        if codec_kernels.gemm_convs(conv1) and codec_kernels.gemm_convs(conv2):  # GPUs: 3 passes
+            h = codec_kernels.conv_gemm(self.conv1.joined(x, states, self.act1), codec_kernels.tap_weights(conv1),
+                                        conv1.bias, conv1.dilation[0], snake=self.act2._factors())
+            return codec_kernels.pointwise_conv1d(h, conv2.weight, conv2.bias, residual=x)
+        # else each convolution's bias rides in the kernel after it (SnakeBeta, the residual add)
         h = self.act2(self.conv1(x, states, act=self.act1, bias=False), bias=self.conv1.conv.bias)
         return codec_kernels.add_residual(x, self.conv2(h, states, bias=False), self.conv2.conv.bias)
 
