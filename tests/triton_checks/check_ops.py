@@ -433,6 +433,13 @@ def check_conv_gemm() -> None:
                                           tile=tile)
             want = _snake64(ref, alpha[:, None], scale[:, None]) + res
             assert (got - want).abs().max() < 1e-4, (c_in, c_out, "epilogue", (got - want).abs().max())
+    for bad_tile, wrong in ((codec_kernels.GemmTile(co=16, t=32, k=32), "tile's 32"), (None, "no multiple of 16")):
+        x = torch.randn(1, 48 if bad_tile else 24, 40)
+        try:
+            codec_kernels.conv_gemm(x, torch.randn(3, 16, x.shape[1]), None, tile=bad_tile)
+            raise AssertionError("a tile that does not divide the channels must be refused")
+        except ValueError as e:
+            assert wrong in str(e), e
     conv = torch.nn.Conv1d(16, 16, 7)
     first = codec_kernels.tap_weights(conv)
     assert codec_kernels.tap_weights(conv) is first and first.shape == (7, 16, 16)

@@ -14,8 +14,10 @@ GEMM, and the causal convolutions' `cat` of their left context 4.9 ms. Here:
 - `conv1d_to_one`: a convolution with one output channel (the waveform), a dot product per sample;
 - `depthwise_conv1d`: depthwise convolutions (PyTorch's generic kernel was a third of a SNAC window),
   optionally with the Snake after them in the same pass;
-- `pointwise_conv1d`: a 1x1 convolution (tensor-core tiles) with a residual add, or SNAC's noise block
-  `x + noise * conv(x)`, in its epilogue (`fuses` says where SNAC uses these two);
+- `conv_gemm`: a dense stride-1 convolution as an implicit GEMM on tensor cores, with bias, a Snake, SNAC's
+  noise scale and a residual add in its epilogue (`gemm_convs` says which convolutions `conv1d` sends to it);
+- `pointwise_conv1d`: its 1x1 case with a residual add, or SNAC's noise block `x + noise * conv(x)`, in its
+  epilogue (`fuses` says where SNAC uses it);
 - `folded_conv1d`: a dilated convolution as an undilated one over the `dilation` interleaved phases of
   its input (the same sums; cuDNN's default heuristics send some dilated shapes to a slow generic kernel,
   e.g. the Qwen3 codec's 384-channel dilation-9 convolution, 7.3 ms of a 28 ms launch at 64 windows);
@@ -152,23 +154,32 @@ if triton is not None:
                           x_sb, x_sc, r_sb, r_sc, C_IN: tl.constexpr, C_OUT: tl.constexpr, K: tl.constexpr,
                           DILATION: tl.constexpr, PADDING: tl.constexpr, HAS_BIAS: tl.constexpr, SNAKE: tl.constexpr,
                           NOISE: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
+                          BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)  # the batch row's base pointers carry the int64 offsets; in a row the
         co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)  # offsets are int32 (`conv_gemm` checks)
         t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
-        co_ok = co < C_OUT
+        co_ok = co < C_OUT  # masks only where the tile overhangs C_OUT (EVEN: none, as vectorisable as before)
         t_ok = t < length
         x_row = x_ptr + b * x_sb
         acc = tl.zeros([BLOCK_CO, BLOCK_T], dtype=tl.float32)
-        steps = C_IN // BLOCK_K
-        for i in range(K * steps):
-            tap = i // steps
-            ci = (i % steps) * BLOCK_K + tl.arange(0, BLOCK_K)
-            src = t + (tap * DILATION - PADDING)
-            src_ok = t_ok & (src >= 0) & (src < length_in) if PADDING else t_ok
-            w = tl.load(w_ptr + (tap * C_OUT + co[:, None]) * C_IN + ci[None, :], mask=co_ok[:, None], other=0.0)
-            h = tl.load(x_row + ci[:, None] * x_sc + src[None, :], mask=src_ok[None, :], other=0.0)
-            acc = tl.dot(w, h.to(w.dtype), acc)
+        if K == 1:  # a 1x1 convolution: the plain channel loop (measured faster than the tap loop's indexing)
+            for k0 in range(0, C_IN, BLOCK_K):
+                ci = k0 + tl.arange(0, BLOCK_K)
+                w_at = w_ptr + co[:, None] * C_IN + ci[None, :]
+                w = tl.load(w_at) if EVEN else tl.load(w_at, mask=co_ok[:, None], other=0.0)
+                h = tl.load(x_row + ci[:, None] * x_sc + t[None, :], mask=t_ok[None, :], other=0.0)
+                acc = tl.dot(w, h.to(w.dtype), acc)
+        else:
+            steps = C_IN // BLOCK_K
+            for i in range(K * steps):
+                tap = i // steps
+                ci = (i % steps) * BLOCK_K + tl.arange(0, BLOCK_K)
+                src = t + (tap * DILATION - PADDING)
+                src_ok = t_ok & (src >= 0) & (src < length_in) if PADDING else t_ok
+                w_at = w_ptr + (tap * C_OUT + co[:, None]) * C_IN + ci[None, :]
+                w = tl.load(w_at) if EVEN else tl.load(w_at, mask=co_ok[:, None], other=0.0)
+                h = tl.load(x_row + ci[:, None] * x_sc + src[None, :], mask=src_ok[None, :], other=0.0)
+                acc = tl.dot(w, h.to(w.dtype), acc)
         if HAS_BIAS:
             acc += tl.load(b_ptr + co, mask=co_ok, other=0.0).to(tl.float32)[:, None]
         if SNAKE:  # the Snake after the convolution, on its float32 sums
@@ -176,7 +187,7 @@ if triton is not None:
             acc += tl.load(scale_ptr + co, mask=co_ok, other=0.0).to(tl.float32)[:, None] * _sin2(alpha * acc)
         if NOISE:  # SNAC's noise block: res + noise * (W res), noise [B, 1, T] float32
             acc *= tl.load(noise_ptr + b * length + t, mask=t_ok, other=0.0)[None, :]
-        ok = co_ok[:, None] & t_ok[None, :]
+        ok = t_ok[None, :] if EVEN else co_ok[:, None] & t_ok[None, :]
         if RESIDUAL:
             acc += tl.load(res_ptr + b * r_sb + co[:, None] * r_sc + t[None, :], mask=ok, other=0.0).to(tl.float32)
         out = out_ptr + b * C_OUT * length + co[:, None] * length + t[None, :]
@@ -278,21 +289,22 @@ class GemmTile:
     t: int
     k: int
     warps: int = 4
-    stages: int = 3
+    stages: int | None = None  # software-pipelining depth; None: Triton's default
 
 
 def gemm_tile(c_in: int, c_out: int, kernel: int, length: int, dtype: torch.dtype) -> GemmTile | None:
     """`conv_gemm`'s tile for a layer, or None where it does not apply (tensor-core dots need the input channels
     in blocks of 16). 1x1 convolutions keep the tile SNAC's were measured with (benchmark/results/h100-2026-12-06b);
-    wider kernels take up to 128 x 128 tiles (fewer, larger dots reuse each loaded input more)."""
+    wider kernels the best of benchmark/conv_gemm.py's sweep on an H100 (benchmark/results/h100-2026-12-06c:
+    128 x 64 x 64 tiles of 4 warps where the input channels allow blocks of 64, else 128 x 128 x 32, 4 stages)."""
     if c_in % 16 or c_out < 1:
         return None
     k = min(32 if dtype.itemsize > 2 else 64, c_in & -c_in)  # float32 tiles: half the shared memory per stage
     if kernel == 1:
         return GemmTile(co=min(64, max(16, c_out & -c_out)), t=128, k=k) if c_out % 16 == 0 else None
     co = min(128, max(16, triton.next_power_of_2(c_out)))
-    t = min(128, max(16, triton.next_power_of_2(max(length, 1))))
-    return GemmTile(co=co, t=t, k=k, warps=8 if co * t >= 128 * 128 else 4)
+    t = min(64 if k == 64 else 128, max(16, triton.next_power_of_2(max(length, 1))))
+    return GemmTile(co=co, t=t, k=k, warps=4, stages=3 if k == 64 else 4)
 
 
 def conv_gemm(x: Tensor, taps: Tensor, bias: Tensor | None, dilation: int = 1, padding: int = 0, *,
@@ -308,9 +320,13 @@ def conv_gemm(x: Tensor, taps: Tensor, bias: Tensor | None, dilation: int = 1, p
     batch, c_in, length_in = x.shape
     kernel, c_out, _ = taps.shape
     length = length_in + 2 * padding - dilation * (kernel - 1)
+    if taps.shape[2] != c_in:
+        raise ValueError(f"conv_gemm: taps for {taps.shape[2]} input channels, x has {c_in}")
     tile = tile or gemm_tile(c_in, c_out, kernel, length, x.dtype)
     if tile is None:
         raise ValueError(f"conv_gemm: {c_in} input channels are no multiple of 16")
+    if c_in % tile.k:
+        raise ValueError(f"conv_gemm: {c_in} input channels are no multiple of the tile's {tile.k} ({tile})")
     res = _unit_last_stride(residual) if residual is not None else None
     widest = max(c_in * x.stride(1), c_out * res.stride(1) if res is not None else 0, c_out * max(length, 0))
     if widest >= 2**31:
@@ -325,8 +341,8 @@ def conv_gemm(x: Tensor, taps: Tensor, bias: Tensor | None, dilation: int = 1, p
             length_in, length, x.stride(0), x.stride(1), res.stride(0) if res is not None else 0,
             res.stride(1) if res is not None else 0, C_IN=c_in, C_OUT=c_out, K=kernel, DILATION=dilation,
             PADDING=padding, HAS_BIAS=bias is not None, SNAKE=snake is not None, NOISE=noise is not None,
-            RESIDUAL=res is not None, BLOCK_CO=tile.co, BLOCK_T=tile.t, BLOCK_K=tile.k, num_warps=tile.warps,
-            num_stages=tile.stages)
+            RESIDUAL=res is not None, BLOCK_CO=tile.co, BLOCK_T=tile.t, BLOCK_K=tile.k, EVEN=c_out % tile.co == 0,
+            num_warps=tile.warps, **({"num_stages": tile.stages} if tile.stages else {}))
     return out
 
 
@@ -437,11 +453,23 @@ def fuses(conv: torch.nn.Conv1d | None, proj: torch.nn.Conv1d) -> bool:
                             and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros")
 
 
+# Which dense convolutions `conv1d` runs as `conv_gemm` on a GPU: 1x1 ones (their epilogues save passes) and
+# those of up to this many output channels. Measured on an H100, the Qwen3 codec's k=7 convolutions at 256
+# windows (benchmark/results/h100-2026-12-06c), cuDNN (with its layout conversions) / conv_gemm in ms: 96
+# channels 4.51 / 3.48, 192: 3.50 / 4.11 (a win once the fused Snake and residual add are counted), 384: 3.13 /
+# 4.40, 768: 1.32 / 3.10, 1024 -> 1536: 0.49 / 1.32 (cuDNN's tensor-core kernels reach 500 TFLOP/s there).
+GEMM_MAX_CHANNELS = 256
+
+
 def gemm_convs(conv: torch.nn.Conv1d) -> bool:
     """Whether `conv1d` runs `conv` as `conv_gemm` on a GPU: groups 1, stride 1, zero padding, input channels
-    in blocks of 16, more than one output channel (VOX_CONV_GEMM=0: cuDNN's kernels and folding, for A/B)."""
-    return (_switch("VOX_CONV_GEMM") != "0" and conv.groups == 1 and conv.stride == (1,) and conv.in_channels % 16 == 0
-            and conv.out_channels > 1 and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros")
+    in blocks of 16, more than one output channel, and 1x1 or up to GEMM_MAX_CHANNELS outputs (VOX_CONV_GEMM=0:
+    none, cuDNN's kernels and folding; =1: every such convolution; for A/B)."""
+    switch = _switch("VOX_CONV_GEMM")
+    fits = (conv.groups == 1 and conv.stride == (1,) and conv.in_channels % 16 == 0 and conv.out_channels > 1
+            and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros")
+    chosen = conv.kernel_size == (1,) or conv.out_channels <= GEMM_MAX_CHANNELS
+    return fits and switch != "0" and (chosen or switch == "1")
 
 
 # Which dilated convolutions `conv1d` folds on a GPU. Measured on the H200, Qwen3-TTS codec launch in graph
