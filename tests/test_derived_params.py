@@ -1,4 +1,4 @@
-"""Tensors derived from parameters (`vox_serve.layers.derived`): computed once, computed again after a
+"""Tensors derived from parameters (`vox_serve.rt.derived`): computed once, computed again after a
 checkpoint load, an in-place write or a move, and equal to computing them in every forward."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from vox_serve.codecs.qwen3.layers import SnakeBeta
-from vox_serve.layers.derived import Derived
+from vox_serve.rt.derived import Derived
 
 
 def test_computed_once_until_a_parameter_changes() -> None:

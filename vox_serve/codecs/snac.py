@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vox_serve.codecs.weight_norm import fuse_weight_norm
-from vox_serve.layers.derived import Derived
 from vox_serve.rt import codec_kernels, triton_ops
+from vox_serve.rt.derived import Derived
 from vox_serve.rt.kernels import hash_normal
 
 

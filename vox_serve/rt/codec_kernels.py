@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vox_serve.layers.derived import Derived
 from vox_serve.rt import triton_ops
+from vox_serve.rt.derived import Derived
 
 try:
     import triton

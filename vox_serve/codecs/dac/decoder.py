@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from vox_serve.codecs.weight_norm import fuse_weight_norm
-from vox_serve.layers.derived import Derived
 from vox_serve.rt.checkpoint import iter_safetensors, load_strict, read_json
+from vox_serve.rt.derived import Derived
 
 RESIDUAL_DILATIONS = (1, 3, 9)
 RESIDUAL_KERNEL = 7

@@ -22,8 +22,8 @@ from vox_serve.codecs.streaming import (
     window_rope,
 )
 from vox_serve.layers.decoder import RMSNorm
-from vox_serve.layers.derived import Derived
 from vox_serve.rt import codec_kernels, triton_ops
+from vox_serve.rt.derived import Derived
 
 
 class SnakeBeta(nn.Module):
