@@ -37,7 +37,7 @@ class SnakeBeta(nn.Module):
 
     def forward(self, x: Tensor, states: list[Tensor] | None = None, bias: Tensor | None = None) -> Tensor:
         """[B, C, T]; `bias` (GPUs): a convolution's bias, added to x first in the same kernel."""
-        alpha, inv_beta = self._factors()
+        alpha, inv_beta = self.factors()
         if triton_ops.enabled(x):
             return codec_kernels.snake(x, alpha, inv_beta, bias=bias)
         x = x if bias is None else x + bias[:, None]
@@ -46,10 +46,10 @@ class SnakeBeta(nn.Module):
     def with_context(self, x: Tensor, context: Tensor) -> Tensor:
         """cat([context, self(x)], -1), one pass on GPUs (a causal convolution's input)."""
         if triton_ops.enabled(x):
-            return codec_kernels.snake(x, *self._factors(), context=context)
+            return codec_kernels.snake(x, *self.factors(), context=context)
         return torch.cat([context, self(x)], dim=-1)
 
-    def _factors(self) -> tuple[Tensor, ...]:
+    def factors(self) -> tuple[Tensor, ...]:
         """(e^alpha, 1 / (e^beta + 1e-9)), each [1, C, 1]."""
         return self._derived.get(self.alpha, self.beta)
 
@@ -82,7 +82,7 @@ class ResidualUnit(nn.Module):
         conv1, conv2 = self.conv1.conv, self.conv2.conv
         if codec_kernels.gemm_convs(conv1) and codec_kernels.gemm_convs(conv2):  # GPUs: 3 passes
             h = codec_kernels.conv_gemm(self.conv1.joined(x, states, self.act1), codec_kernels.tap_weights(conv1),
-                                        conv1.bias, conv1.dilation[0], snake=self.act2._factors())
+                                        conv1.bias, conv1.dilation[0], snake=self.act2.factors())
             return codec_kernels.pointwise_conv1d(h, conv2.weight, conv2.bias, residual=x)
         # else each convolution's bias rides in the kernel after it (SnakeBeta, the residual add)
         h = self.act2(self.conv1(x, states, act=self.act1, bias=False), bias=self.conv1.conv.bias)
