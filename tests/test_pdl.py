@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from sm90_helpers import sm90_ptx
 
 from vox_serve.rt import pdl
 
@@ -30,6 +29,25 @@ def test_a_bad_setting_is_refused(value: str, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv(pdl.ENV, value)
     with pytest.raises(ValueError, match="VOX_PDL"):
         pdl.launch_options(torch.zeros(1))
+
+
+def _sm90_ptx(kernel, types: dict[str, str], constexprs: dict, pdl_on: bool = True) -> str:  # noqa: ANN001
+    """A Triton kernel compiled for sm_90 without a GPU (Triton's own ptxas): its PTX. `types` gives every
+    runtime parameter's type ("*bf16", "i32", ...)."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs = {**constexprs, "PDL": pdl_on}
+    signature = {name: types[name] if name in types else "constexpr" for name in kernel.arg_names}
+    missing = [name for name, kind in signature.items() if kind == "constexpr" and name not in constexprs]
+    assert not missing, missing
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    try:
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl_on})
+    except Exception as e:  # noqa: BLE001 - a Triton build without the NVIDIA backend's tools
+        pytest.skip(f"no sm_90 compilation here: {e}")
+    return compiled.asm["ptx"]
 
 
 def _types(pointers: str, scalars: str = "", **pointer_types: str) -> dict[str, str]:
@@ -101,12 +119,12 @@ def test_every_participating_kernel_waits_before_it_touches_memory(index: int) -
     first global load, store or atomic, and the next kernel is let launch only after that wait. Compiled without
     PDL, none of it is emitted."""
     kernel, types, constexprs = _participants()[index]
-    ptx = sm90_ptx(kernel, types, constexprs)
+    ptx = _sm90_ptx(kernel, types, constexprs)
     wait = ptx.index("griddepcontrol.wait")
     assert wait < ptx.index("griddepcontrol.launch_dependents")
     for op in ("ld.global", "st.global", "atom.global", "red.global"):
         assert op not in ptx[:wait], (kernel.__name__, op)
-    assert "griddepcontrol" not in sm90_ptx(kernel, types, constexprs, pdl_on=False)
+    assert "griddepcontrol" not in _sm90_ptx(kernel, types, constexprs, pdl_on=False)
 
 
 def test_the_participants_are_every_kernel_with_a_pdl_parameter() -> None:

@@ -701,30 +701,6 @@ def _decode_batch_outputs(src, n: int, fused: bool) -> dict:  # noqa: ANN001 - a
     out["kv_indices"] = src.kv_indices.clone() if src.kv_indices is not None else torch.zeros(0)
     return out
 
-def check_l2_prefetch() -> None:
-    """rt.l2_prefetch's kernel in its dry run (offsets and sizes written instead of prefetched): every byte of
-    each region's rows exactly once and nothing else, in instructions of at most CHUNK bytes, multiples of 16, over
-    several programs and rows of one and of two instructions."""
-    from vox_serve.rt import l2_prefetch
-
-    w = torch.zeros(300, 3000, dtype=torch.bfloat16)  # rows of 6000 bytes
-    for region in (l2_prefetch.whole(torch.zeros(5000, dtype=torch.bfloat16)), l2_prefetch.leading(w, 1300),
-                   l2_prefetch.leading(w, 10**6)):
-        out = torch.full((region.chunks, 2), -1, dtype=torch.int64)
-        l2_prefetch.launch(region, out, dry_run=out)
-        offsets, sizes = out[:, 0], out[:, 1]
-        assert (sizes > 0).all() and (sizes <= l2_prefetch.CHUNK).all()
-        assert (sizes % 16 == 0).all() and (offsets % 16 == 0).all()
-        span = max(region.stride * region.rows, region.row_bytes)
-        hits = torch.zeros(span, dtype=torch.int64)
-        for offset, size in out.tolist():
-            hits[offset:offset + size] += 1
-        want = torch.zeros(span, dtype=torch.int64)
-        for row in range(region.rows):
-            want[row * region.stride:row * region.stride + region.row_bytes] = 1
-        assert torch.equal(hits, want), region
-
-
 if __name__ == "__main__":
     globals()[f"check_{sys.argv[1]}"]()
     print("ok")

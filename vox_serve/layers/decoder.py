@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vox_serve.layers.rope import RotaryEmbedding
-from vox_serve.rt import l2_prefetch, small_gemm, triton_ops
+from vox_serve.rt import small_gemm, triton_ops
 from vox_serve.rt.attention import AttentionBackend, AttentionBuffers
 from vox_serve.rt.attention.kv_write import QKPrep
 
@@ -107,18 +107,8 @@ class DecoderLayer(nn.Module):
         shape = (t, self.num_kv_heads, self.head_dim)
         norms = dict(q_norm=self.q_norm, k_norm=self.k_norm) if self.qk_norm else {}
         prep = QKPrep(rope=rope, positions=positions, **norms)
-        prefetch = self._prefetch_projections(qkv)
         out = attend(self.layer_id, q.view(t, self.num_heads, self.head_dim), k.view(shape), v.view(shape), prep)
-        l2_prefetch.join(prefetch, qkv)
         return self._mlp(x, project(self.o_proj, out.reshape(t, -1)))
-
-    def _prefetch_projections(self, qkv: Tensor) -> torch.cuda.Stream | None:
-        """At a few rows on Hopper GPUs, the output projection's weight and a share of every gate/up weight row
-        brought into L2 while the attention runs (`rt.l2_prefetch`): the side stream to join, or None."""
-        room = l2_prefetch.budget(qkv)
-        if not room:
-            return None
-        return l2_prefetch.issue(qkv, l2_prefetch.plan(self.o_proj.weight, self.gate_up_proj.weight, room))
 
     def _attention_input(self, x: Tensor, delta: Tensor | None) -> tuple[Tensor, Tensor]:
         """(stream, qkv): the residual add, the input norm and the qkv projection (one kernel at a few rows)."""
