@@ -459,16 +459,19 @@ def fuses(conv: torch.nn.Conv1d | None, proj: torch.nn.Conv1d) -> bool:
 # channels 4.51 / 3.48, 192: 3.50 / 4.11 (a win once the fused Snake and residual add are counted), 384: 3.13 /
 # 4.40, 768: 1.32 / 3.10, 1024 -> 1536: 0.49 / 1.32 (cuDNN's tensor-core kernels reach 500 TFLOP/s there).
 GEMM_MAX_CHANNELS = 256
+GEMM_MAX_DILATED_CHANNELS = 256  # for the dilations folding takes otherwise (FOLD_DILATION and up)
 
 
 def gemm_convs(conv: torch.nn.Conv1d) -> bool:
     """Whether `conv1d` runs `conv` as `conv_gemm` on a GPU: groups 1, stride 1, zero padding, input channels
-    in blocks of 16, more than one output channel, and 1x1 or up to GEMM_MAX_CHANNELS outputs (VOX_CONV_GEMM=0:
-    none, cuDNN's kernels and folding; =1: every such convolution; for A/B)."""
+    in blocks of 16, more than one output channel, and 1x1 or up to GEMM_MAX_CHANNELS outputs (from FOLD_DILATION
+    on, GEMM_MAX_DILATED_CHANNELS). VOX_CONV_GEMM=0: none, cuDNN's kernels and folding; =1: every such
+    convolution; for A/B."""
     switch = _switch("VOX_CONV_GEMM")
     fits = (conv.groups == 1 and conv.stride == (1,) and conv.in_channels % 16 == 0 and conv.out_channels > 1
             and isinstance(conv.padding, tuple) and conv.padding_mode == "zeros")
-    chosen = conv.kernel_size == (1,) or conv.out_channels <= GEMM_MAX_CHANNELS
+    widest = GEMM_MAX_DILATED_CHANNELS if conv.dilation[0] >= FOLD_DILATION else GEMM_MAX_CHANNELS
+    chosen = conv.kernel_size == (1,) or conv.out_channels <= widest
     return fits and switch != "0" and (chosen or switch == "1")
 
 
