@@ -81,3 +81,22 @@ def test_transpose_gemm_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VOX_CODEC_TRANSPOSE_GEMM", "yes")
     with pytest.raises(ValueError, match="VOX_CODEC_TRANSPOSE_GEMM"):
         codec_kernels.transpose_gemm(1)
+
+
+def test_which_convolutions_take_conv_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every 1x1 convolution and dense ones up to GEMM_MAX_CHANNELS outputs (from FOLD_DILATION on, up to
+    GEMM_MAX_DILATED_CHANNELS), never a grouped, strided or odd-width one; VOX_CONV_GEMM=0 / 1: none / all."""
+    conv = torch.nn.Conv1d
+
+    def cases() -> list[bool]:
+        return [codec_kernels.gemm_convs(c) for c in (
+            conv(1024, 1536, 1), conv(96, 96, 7, dilation=3, padding=9), conv(256, 256, 7),
+            conv(384, 384, 7, dilation=9, padding=27), conv(512, 512, 7, dilation=9, padding=27),
+            conv(384, 384, 7), conv(768, 768, 7, dilation=9, padding=27), conv(64, 64, 7, groups=2),
+            conv(64, 64, 7, stride=2), conv(40, 64, 7))]
+
+    eligible = [True] * 7 + [False] * 3
+    for value, want in (("", [True] * 5 + [False] * 5), ("0", [False] * 10), ("1", eligible)):
+        monkeypatch.setattr(codec_kernels, "_switches", {})
+        monkeypatch.setenv("VOX_CONV_GEMM", value)
+        assert cases() == want, value

@@ -459,7 +459,11 @@ def fuses(conv: torch.nn.Conv1d | None, proj: torch.nn.Conv1d) -> bool:
 # channels 4.51 / 3.48, 192: 3.50 / 4.11 (a win once the fused Snake and residual add are counted), 384: 3.13 /
 # 4.40, 768: 1.32 / 3.10, 1024 -> 1536: 0.49 / 1.32 (cuDNN's tensor-core kernels reach 500 TFLOP/s there).
 GEMM_MAX_CHANNELS = 256
-GEMM_MAX_DILATED_CHANNELS = 256  # for the dilations folding takes otherwise (FOLD_DILATION and up)
+# The dilated convolutions that folding takes otherwise (FOLD_DILATION and up) go to conv_gemm up to this many
+# outputs: the Qwen3 codec's 384-channel dilation-9 convolution at 256 windows, H100, folded 4.44 ms / conv_gemm
+# 3.50 (h100-2026-12-06c); the codec launch 85.80 -> 84.97 ms at 256 windows, 22.38 -> 22.09 at 64
+# (h100-2026-12-06d).
+GEMM_MAX_DILATED_CHANNELS = 512
 
 
 def gemm_convs(conv: torch.nn.Conv1d) -> bool:
