@@ -17,8 +17,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vox_serve.rt import codec_kernels  # noqa: E402
-from vox_serve.rt.codec_kernels import GemmTile  # noqa: E402
+from vox_serve.rt import codec_kernels, implicit_gemm  # noqa: E402
+from vox_serve.rt.implicit_gemm import GemmTile  # noqa: E402
 
 FRAMES = 10  # the Qwen3-TTS program's frames per codec chunk
 # (C_in, C_out, kernel, dilation, samples per frame at the layer): the 1024 -> 1536 input convolution, then each
@@ -47,17 +47,17 @@ def time_layer(windows: int, layer: tuple[int, int, int, int, int], dtype: torch
     length = FRAMES * spf
     x = torch.randn(windows, c_in, (kernel - 1) * dilation + length, device="cuda", dtype=dtype)
     conv = torch.nn.Conv1d(c_in, c_out, kernel, dilation=dilation).to("cuda", dtype)
-    taps = codec_kernels.tap_weights(conv)
+    taps = implicit_gemm.tap_weights(conv)
     flop = 2 * c_in * c_out * kernel * length * windows
     runs = {"cudnn": lambda: conv(x)}
     if dilation > 1:
         runs["folded"] = lambda: codec_kernels.folded_conv1d(x, conv.weight, conv.bias, dilation, 0)
-    default = codec_kernels.gemm_tile(c_in, c_out, kernel, length, dtype)
-    runs[f"default {default}"] = lambda: codec_kernels.conv_gemm(x, taps, conv.bias, dilation)
+    default = implicit_gemm.gemm_tile(c_in, c_out, kernel, length, dtype)
+    runs[f"default {default}"] = lambda: implicit_gemm.conv_gemm(x, taps, conv.bias, dilation)
     for tile in TILES:
-        runs[str(tile)] = lambda t=tile: codec_kernels.conv_gemm(x, taps, conv.bias, dilation, tile=t)
+        runs[str(tile)] = lambda t=tile: implicit_gemm.conv_gemm(x, taps, conv.bias, dilation, tile=t)
     with torch.no_grad():
-        err = (codec_kernels.conv_gemm(x, taps, conv.bias, dilation).float() - conv(x).float()).abs().max().item()
+        err = (implicit_gemm.conv_gemm(x, taps, conv.bias, dilation).float() - conv(x).float()).abs().max().item()
         times = {}
         for name, run in runs.items():
             try:

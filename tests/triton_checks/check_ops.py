@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from vox_serve.layers.rope import RotaryEmbedding
-from vox_serve.rt import codec_kernels, kernels, small_gemm, triton_ops
+from vox_serve.rt import codec_kernels, implicit_gemm, kernels, small_gemm, triton_ops
 
 
 def check_hash() -> None:
@@ -398,17 +398,17 @@ def check_pointwise() -> None:
         b = torch.randn(c_out, generator=gen) if bias else None
         h = torch.randn(2, c_in, length + 4, generator=gen)[..., 3 : 3 + length]
         x = torch.randn(2, c_out, length, generator=gen)
-        got = codec_kernels.pointwise_conv1d(h, w, b, residual=x)
+        got = implicit_gemm.pointwise_conv1d(h, w, b, residual=x)
         ref = x + F.conv1d(h, w, b)
         assert got.shape == ref.shape and (got - ref).abs().max() < 1e-4, (c_in, (got - ref).abs().max())
         if c_in == c_out:
             noise = torch.randn(2, 1, length, generator=gen)
-            got = codec_kernels.pointwise_conv1d(h, w, None, residual=h, noise=noise)
+            got = implicit_gemm.pointwise_conv1d(h, w, None, residual=h, noise=noise)
             ref = h + noise * F.conv1d(h, w)
             assert (got - ref).abs().max() < 1e-4, (c_in, (got - ref).abs().max())
-    tile = codec_kernels.gemm_tile(96, 48, 1, 300, torch.bfloat16)
-    assert (tile.co, tile.k) == (16, 32) and codec_kernels.gemm_tile(64, 1024, 1, 9, torch.float32).k == 32
-    assert codec_kernels.gemm_tile(8, 64, 1, 300, torch.float32) is None
+    tile = implicit_gemm.gemm_tile(96, 48, 1, 300, torch.bfloat16)
+    assert (tile.co, tile.k) == (16, 32) and implicit_gemm.gemm_tile(64, 1024, 1, 9, torch.float32).k == 32
+    assert implicit_gemm.gemm_tile(8, 64, 1, 300, torch.float32) is None
 
 
 def check_conv_gemm() -> None:
@@ -416,36 +416,36 @@ def check_conv_gemm() -> None:
     dilations, padding on both sides, output channels not a multiple of the tile (masked), input channels of
     several blocks, strided inputs, lengths past one time tile, tiles given explicitly."""
     gen = torch.Generator().manual_seed(13)
-    small = codec_kernels.GemmTile(co=16, t=32, k=16)
+    small = implicit_gemm.GemmTile(co=16, t=32, k=16)
     cases = ((32, 24, 7, 9, 0, 200, True, None), (48, 64, 7, 3, 3, 130, False, None), (16, 96, 3, 1, 1, 70, True, None),
              (64, 48, 7, 1, 0, 90, True, small), (32, 16, 1, 1, 0, 33, True, small))
     for c_in, c_out, kernel, dilation, padding, length, bias, tile in cases:
         conv = torch.nn.Conv1d(c_in, c_out, kernel, dilation=dilation, padding=padding, bias=bias)
         x = torch.randn(2, c_in, length + 5, generator=gen)[..., 2 : 2 + length]  # a strided view, as a cropped window
-        taps = codec_kernels.tap_weights(conv)
+        taps = implicit_gemm.tap_weights(conv)
         with torch.no_grad():
             ref = conv(x)
-            got = codec_kernels.conv_gemm(x, taps, conv.bias, dilation, padding, tile=tile)
+            got = implicit_gemm.conv_gemm(x, taps, conv.bias, dilation, padding, tile=tile)
             assert got.shape == ref.shape and (got - ref).abs().max() < 1e-4, (c_in, c_out, (got - ref).abs().max())
             alpha, scale = torch.rand(c_out, generator=gen) + 0.2, torch.rand(c_out, generator=gen)
             res = torch.randn(*ref.shape, generator=gen)
-            got = codec_kernels.conv_gemm(x, taps, conv.bias, dilation, padding, snake=(alpha, scale), residual=res,
+            got = implicit_gemm.conv_gemm(x, taps, conv.bias, dilation, padding, snake=(alpha, scale), residual=res,
                                           tile=tile)
             want = _snake64(ref, alpha[:, None], scale[:, None]) + res
             assert (got - want).abs().max() < 1e-4, (c_in, c_out, "epilogue", (got - want).abs().max())
-    for bad_tile, wrong in ((codec_kernels.GemmTile(co=16, t=32, k=32), "tile's 32"), (None, "no multiple of 16")):
+    for bad_tile, wrong in ((implicit_gemm.GemmTile(co=16, t=32, k=32), "tile's 32"), (None, "no multiple of 16")):
         x = torch.randn(1, 48 if bad_tile else 24, 40)
         try:
-            codec_kernels.conv_gemm(x, torch.randn(3, 16, x.shape[1]), None, tile=bad_tile)
+            implicit_gemm.conv_gemm(x, torch.randn(3, 16, x.shape[1]), None, tile=bad_tile)
             raise AssertionError("a tile that does not divide the channels must be refused")
         except ValueError as e:
             assert wrong in str(e), e
     conv = torch.nn.Conv1d(16, 16, 7)
-    first = codec_kernels.tap_weights(conv)
-    assert codec_kernels.tap_weights(conv) is first and first.shape == (7, 16, 16)
+    first = implicit_gemm.tap_weights(conv)
+    assert implicit_gemm.tap_weights(conv) is first and first.shape == (7, 16, 16)
     with torch.no_grad():
         conv.weight.mul_(2.0)  # an in-place write: the taps follow it
-    assert torch.equal(codec_kernels.tap_weights(conv), conv.weight.permute(2, 0, 1))
+    assert torch.equal(implicit_gemm.tap_weights(conv), conv.weight.permute(2, 0, 1))
 
 
 def check_folded_conv() -> None:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vox_serve.codecs.weight_norm import fuse_weight_norm
-from vox_serve.rt import codec_kernels, triton_ops
+from vox_serve.rt import codec_kernels, implicit_gemm, triton_ops
 from vox_serve.rt.derived import Derived
 from vox_serve.rt.kernels import hash_normal
 
@@ -128,7 +128,7 @@ class _ResUnit(nn.Module):
         if codec_kernels.fuses(conv, proj):  # GPUs: Snake; the convolution + Snake; the 1x1 + residual add
             h = codec_kernels.depthwise_conv1d(snake(x), conv.weight, conv.bias, conv.dilation[0], conv.padding[0],
                                                snake=snake2.factors())
-            return codec_kernels.pointwise_conv1d(h, proj.weight, proj.bias, residual=x)
+            return implicit_gemm.pointwise_conv1d(h, proj.weight, proj.bias, residual=x)
         # on GPUs each convolution's bias rides in the kernel after it (Snake, the residual add)
         h = snake2(codec_kernels.conv1d(conv, snake(x), bias=False), bias=conv.bias)
         return codec_kernels.add_residual(x, codec_kernels.conv1d(proj, h, bias=False), proj.bias)
@@ -144,7 +144,7 @@ class _Noise(nn.Module):
         if noise is None:
             return x
         if triton_ops.enabled(x) and codec_kernels.fuses(None, self.linear):
-            return codec_kernels.pointwise_conv1d(x, self.linear.weight, None, residual=x, noise=noise)
+            return implicit_gemm.pointwise_conv1d(x, self.linear.weight, None, residual=x, noise=noise)
         return x + noise.to(x.dtype) * self.linear(x)
 
 

@@ -14,10 +14,9 @@ GEMM, and the causal convolutions' `cat` of their left context 4.9 ms. Here:
 - `conv1d_to_one`: a convolution with one output channel (the waveform), a dot product per sample;
 - `depthwise_conv1d`: depthwise convolutions (PyTorch's generic kernel was a third of a SNAC window),
   optionally with the Snake after them in the same pass;
-- `conv_gemm`: a dense stride-1 convolution as an implicit GEMM on tensor cores, with bias, a Snake, SNAC's
-  noise scale and a residual add in its epilogue (`gemm_convs` says which convolutions `conv1d` sends to it);
-- `pointwise_conv1d`: its 1x1 case with a residual add, or SNAC's noise block `x + noise * conv(x)`, in its
-  epilogue (`fuses` says where SNAC uses it);
+- dense stride-1 convolutions go to `rt/implicit_gemm.py`'s `conv_gemm` (an implicit GEMM on tensor cores with
+  bias, a Snake, SNAC's noise scale and a residual add in its epilogue; `gemm_convs` says which ones), and SNAC's
+  1x1 convolutions to its `pointwise_conv1d` (`fuses` says where);
 - `folded_conv1d`: a dilated convolution as an undilated one over the `dilation` interleaved phases of
   its input (the same sums; cuDNN's default heuristics send some dilated shapes to a slow generic kernel,
   e.g. the Qwen3 codec's 384-channel dilation-9 convolution, 7.3 ms of a 28 ms launch at 64 windows);
@@ -32,15 +31,13 @@ interpreter (TRITON_INTERPRET=1) against the references.
 from __future__ import annotations
 
 import os
-import weakref
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from vox_serve.rt import triton_ops
-from vox_serve.rt.derived import Derived
+from vox_serve.rt.implicit_gemm import conv_gemm, tap_weights, unit_last_stride
 
 try:
     import triton
@@ -49,23 +46,6 @@ except Exception:  # noqa: BLE001 - no Triton (CPU-only installs): the reference
     triton = None
 
 if triton is not None:
-
-    @triton.jit
-    def _sin2(z):
-        """sin(z)^2 in float32 from FMAs: z less the nearest multiple of pi (sin^2 has period pi, so no sign to
-        track; pi in three parts, exact products for |z| < 4096 pi) is within pi/2, where sin's Taylor series to
-        z^11 is off by < 6e-8. libdevice's sinf made the Snake passes compute-bound in bfloat16."""
-        k = tl.floor(z * 0.3183098861837907 + 0.5)
-        r = z - k * 3.140625
-        r = r - k * 0.0009677410125732422
-        r = r + k * 8.742277657347586e-08
-        r2 = r * r
-        p = r2 * -2.505210838544172e-08 + 2.7557319223985893e-06
-        p = p * r2 - 0.0001984126984126984
-        p = p * r2 + 0.008333333333333333
-        p = p * r2 - 0.16666666666666666
-        s = r + r * r2 * p
-        return s * s
 
     # Sizes and strides are not specialised on (one compiled variant per dtype and block size).
     @triton.jit(do_not_specialize=["channels", "length", "ctx", "x_sb", "x_sc", "c_sb", "c_sc"])
@@ -82,7 +62,7 @@ if triton is not None:
         x = tl.load(x_ptr + (b * x_sb + c * x_sc) + (t - ctx), mask=from_x, other=0.0).to(tl.float32)
         if HAS_BIAS:  # the bias of the convolution before, added here instead of in a pass of its own
             x += tl.load(bias_ptr + c).to(tl.float32)
-        y = x + scale * _sin2(alpha * x)
+        y = x + scale * triton_ops.sin2(alpha * x)
         if HAS_CTX:
             kept = tl.load(ctx_ptr + (b * c_sb + c * c_sc) + t, mask=inside & (t < ctx), other=0.0).to(tl.float32)
             y = tl.where(t < ctx, kept, y)
@@ -141,67 +121,15 @@ if triton is not None:
         if HAS_BIAS:
             acc += tl.load(b_ptr + c).to(tl.float32)
         if SNAKE:  # the Snake after the convolution, on its float32 sums
-            acc += tl.load(scale_ptr + c).to(tl.float32) * _sin2(tl.load(alpha_ptr + c).to(tl.float32) * acc)
+            acc += tl.load(scale_ptr + c).to(tl.float32) * triton_ops.sin2(tl.load(alpha_ptr + c).to(tl.float32) * acc)
         tl.store(out_ptr + row.to(tl.int64) * length_out + t, acc.to(out_ptr.dtype.element_ty), mask=inside)
 
     # A stride-1 convolution as an implicit GEMM, one [BLOCK_CO, BLOCK_T] output tile per program: the K taps
-    # times the C_IN / BLOCK_K channel blocks are one loop of tensor-core dots (weight [K, C_OUT, C_IN]), each
-    # tap reading the input shifted by its offset; epilogues: bias, a Snake, SNAC's noise scale, a residual add.
-    # Channels, taps and offsets are compile-time constants (one variant per layer shape); lengths and strides
-    # are specialised on (where they divide by 16 the loads and stores are vectorised).
-    @triton.jit
-    def _conv_gemm_kernel(x_ptr, w_ptr, b_ptr, alpha_ptr, scale_ptr, noise_ptr, res_ptr, out_ptr, length_in, length,
-                          x_sb, x_sc, r_sb, r_sc, C_IN: tl.constexpr, C_OUT: tl.constexpr, K: tl.constexpr,
-                          DILATION: tl.constexpr, PADDING: tl.constexpr, HAS_BIAS: tl.constexpr, SNAKE: tl.constexpr,
-                          NOISE: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr,
-                          BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
-        b = tl.program_id(0).to(tl.int64)  # the batch row's base pointers carry the int64 offsets; in a row the
-        co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)  # offsets are int32 (`conv_gemm` checks)
-        t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
-        co_ok = co < C_OUT  # masks only where the tile overhangs C_OUT (EVEN: none, as vectorisable as before)
-        t_ok = t < length
-        x_row = x_ptr + b * x_sb
-        acc = tl.zeros([BLOCK_CO, BLOCK_T], dtype=tl.float32)
-        if K == 1:  # a 1x1 convolution: the plain channel loop (measured faster than the tap loop's indexing)
-            for k0 in range(0, C_IN, BLOCK_K):
-                ci = k0 + tl.arange(0, BLOCK_K)
-                w_at = w_ptr + co[:, None] * C_IN + ci[None, :]
-                w = tl.load(w_at) if EVEN else tl.load(w_at, mask=co_ok[:, None], other=0.0)
-                h = tl.load(x_row + ci[:, None] * x_sc + t[None, :], mask=t_ok[None, :], other=0.0)
-                acc = tl.dot(w, h.to(w.dtype), acc)
-        else:
-            steps = C_IN // BLOCK_K
-            for i in range(K * steps):
-                tap = i // steps
-                ci = (i % steps) * BLOCK_K + tl.arange(0, BLOCK_K)
-                src = t + (tap * DILATION - PADDING)
-                src_ok = t_ok & (src >= 0) & (src < length_in) if PADDING else t_ok
-                w_at = w_ptr + (tap * C_OUT + co[:, None]) * C_IN + ci[None, :]
-                w = tl.load(w_at) if EVEN else tl.load(w_at, mask=co_ok[:, None], other=0.0)
-                h = tl.load(x_row + ci[:, None] * x_sc + src[None, :], mask=src_ok[None, :], other=0.0)
-                acc = tl.dot(w, h.to(w.dtype), acc)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + co, mask=co_ok, other=0.0).to(tl.float32)[:, None]
-        if SNAKE:  # the Snake after the convolution, on its float32 sums
-            alpha = tl.load(alpha_ptr + co, mask=co_ok, other=0.0).to(tl.float32)[:, None]
-            acc += tl.load(scale_ptr + co, mask=co_ok, other=0.0).to(tl.float32)[:, None] * _sin2(alpha * acc)
-        if NOISE:  # SNAC's noise block: res + noise * (W res), noise [B, 1, T] float32
-            acc *= tl.load(noise_ptr + b * length + t, mask=t_ok, other=0.0)[None, :]
-        ok = t_ok[None, :] if EVEN else co_ok[:, None] & t_ok[None, :]
-        if RESIDUAL:
-            acc += tl.load(res_ptr + b * r_sb + co[:, None] * r_sc + t[None, :], mask=ok, other=0.0).to(tl.float32)
-        out = out_ptr + b * C_OUT * length + co[:, None] * length + t[None, :]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ok)
-
 
 def _row_block(length: int) -> tuple[int, int]:
     """(block, warps) for a row of `length` columns: short rows do not leave most lanes idle."""
     block = min(1024, max(64, triton.next_power_of_2(max(length, 1))))
     return block, max(1, block // 256)
-
-
-def _unit_last_stride(x: Tensor) -> Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def snake(x: Tensor, alpha: Tensor, scale: Tensor, context: Tensor | None = None, bias: Tensor | None = None
@@ -211,12 +139,12 @@ def snake(x: Tensor, alpha: Tensor, scale: Tensor, context: Tensor | None = None
     `bias` (C values), x + bias takes x's place (a convolution's bias, not added before).
 
     SNAC's Snake has scale = 1 / (alpha + 1e-9); the Qwen3 codec's SnakeBeta its own per-channel scale."""
-    x = _unit_last_stride(x)
+    x = unit_last_stride(x)
     batch, channels, length = x.shape
     ctx = 0 if context is None else context.shape[-1]
     out = torch.empty(batch, channels, ctx + length, dtype=x.dtype, device=x.device)
     if out.numel():
-        c = x if context is None else _unit_last_stride(context)
+        c = x if context is None else unit_last_stride(context)
         block, warps = _row_block(ctx + length)
         grid = (batch * channels, triton.cdiv(ctx + length, block))
         alpha, scale = alpha.reshape(-1).contiguous(), scale.reshape(-1).contiguous()
@@ -231,7 +159,7 @@ def add_residual(x: Tensor, y: Tensor, bias: Tensor | None) -> Tensor:
     convolution's, not added to y before) -> contiguous, in x's dtype. Without a Triton GPU: torch."""
     if bias is None or not triton_ops.enabled(x):
         return x + (y if bias is None else y + bias[:, None])
-    x, y = _unit_last_stride(x), _unit_last_stride(y)
+    x, y = unit_last_stride(x), unit_last_stride(y)
     batch, channels, length = x.shape
     out = torch.empty(batch, channels, length, dtype=x.dtype, device=x.device)
     if out.numel():
@@ -245,7 +173,7 @@ def add_residual(x: Tensor, y: Tensor, bias: Tensor | None) -> Tensor:
 def conv1d_to_one(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, padding: int) -> Tensor:
     """F.conv1d with one output channel and stride 1: x [B, C, T] (any batch and channel strides), weight
     [1, C, K], bias [1] or None -> [B, 1, T + 2 * padding - dilation * (K - 1)] (float32 accumulation)."""
-    x = _unit_last_stride(x)
+    x = unit_last_stride(x)
     batch, channels, length = x.shape
     kernel = weight.shape[-1]
     length_out = length + 2 * padding - dilation * (kernel - 1)
@@ -279,94 +207,6 @@ def depthwise_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: i
                                        PADDING=padding, K=kernel, HAS_BIAS=bias is not None, SNAKE=snake is not None,
                                        BLOCK=block, num_warps=warps)
     return out
-
-
-@dataclass(frozen=True)
-class GemmTile:
-    """Launch shape of `conv_gemm`: output channels x samples per program, input channels per dot."""
-
-    co: int
-    t: int
-    k: int
-    warps: int = 4
-    stages: int | None = None  # software-pipelining depth; None: Triton's default
-
-
-def gemm_tile(c_in: int, c_out: int, kernel: int, length: int, dtype: torch.dtype) -> GemmTile | None:
-    """`conv_gemm`'s tile for a layer, or None where it does not apply (tensor-core dots need the input channels
-    in blocks of 16). 1x1 convolutions keep the tile SNAC's were measured with (benchmark/results/h100-2026-12-06b);
-    wider kernels the best of benchmark/conv_gemm.py's sweep on an H100 (benchmark/results/h100-2026-12-06c:
-    128 x 64 x 64 tiles of 4 warps where the input channels allow blocks of 64, else 128 x 128 x 32, 4 stages)."""
-    if c_in % 16 or c_out < 1:
-        return None
-    k = min(32 if dtype.itemsize > 2 else 64, c_in & -c_in)  # float32 tiles: half the shared memory per stage
-    if kernel == 1:
-        return GemmTile(co=min(64, max(16, c_out & -c_out)), t=128, k=k) if c_out % 16 == 0 else None
-    co = min(128, max(16, triton.next_power_of_2(c_out)))
-    t = min(64 if k == 64 else 128, max(16, triton.next_power_of_2(max(length, 1))))
-    return GemmTile(co=co, t=t, k=k, warps=4, stages=3 if k == 64 else 4)
-
-
-def conv_gemm(x: Tensor, taps: Tensor, bias: Tensor | None, dilation: int = 1, padding: int = 0, *,
-              snake: tuple[Tensor, Tensor] | None = None, residual: Tensor | None = None,
-              noise: Tensor | None = None, tile: GemmTile | None = None) -> Tensor:
-    """F.conv1d(x, weight, bias, stride 1, padding, dilation) for groups = 1 as an implicit GEMM on tensor cores,
-    with its epilogue in the same kernel: then `snake` = (alpha, scale) (C_out values each, `snake()`'s formula),
-    then `noise` [B, 1, T] float32 as a factor (SNAC's noise block), then `+ residual` [B, C_out, T].
-    x [B, C_in, L] (any batch and channel strides), `taps` = weight.permute(2, 0, 1) contiguous ([K, C_out, C_in],
-    `tap_weights`) -> contiguous [B, C_out, L + 2 padding - dilation (K - 1)] in x's dtype (float32 accumulation;
-    float32 operands multiply in TF32, as cuDNN's convolutions do). `tile`: `gemm_tile`'s unless given."""
-    x = _unit_last_stride(x)
-    batch, c_in, length_in = x.shape
-    kernel, c_out, _ = taps.shape
-    length = length_in + 2 * padding - dilation * (kernel - 1)
-    if taps.shape[2] != c_in:
-        raise ValueError(f"conv_gemm: taps for {taps.shape[2]} input channels, x has {c_in}")
-    tile = tile or gemm_tile(c_in, c_out, kernel, length, x.dtype)
-    if tile is None:
-        raise ValueError(f"conv_gemm: {c_in} input channels are no multiple of 16")
-    if c_in % tile.k:
-        raise ValueError(f"conv_gemm: {c_in} input channels are no multiple of the tile's {tile.k} ({tile})")
-    res = _unit_last_stride(residual) if residual is not None else None
-    widest = max(c_in * x.stride(1), c_out * res.stride(1) if res is not None else 0, c_out * max(length, 0))
-    if widest >= 2**31:
-        raise ValueError(f"conv_gemm: a batch row of {c_in}x{length_in} is past the kernel's int32 offsets")
-    out = torch.empty(batch, c_out, max(length, 0), dtype=x.dtype, device=x.device)
-    if out.numel():
-        alpha, scale = (t.reshape(-1).contiguous() for t in snake) if snake is not None else (taps, taps)
-        grid = (batch, triton.cdiv(c_out, tile.co), triton.cdiv(length, tile.t))
-        _conv_gemm_kernel[grid](
-            x, taps.to(x.dtype), bias if bias is not None else taps, alpha, scale,
-            noise.float().contiguous() if noise is not None else taps, res if res is not None else x, out,
-            length_in, length, x.stride(0), x.stride(1), res.stride(0) if res is not None else 0,
-            res.stride(1) if res is not None else 0, C_IN=c_in, C_OUT=c_out, K=kernel, DILATION=dilation,
-            PADDING=padding, HAS_BIAS=bias is not None, SNAKE=snake is not None, NOISE=noise is not None,
-            RESIDUAL=res is not None, BLOCK_CO=tile.co, BLOCK_T=tile.t, BLOCK_K=tile.k, EVEN=c_out % tile.co == 0,
-            num_warps=tile.warps, **({"num_stages": tile.stages} if tile.stages else {}))
-    return out
-
-
-def pointwise_conv1d(h: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor,
-                     noise: Tensor | None = None) -> Tensor:
-    """A 1x1 convolution with its epilogue in one kernel (`conv_gemm`): residual + (weight h + bias), or with
-    `noise` [B, 1, T] (float32) SNAC's noise block residual + noise * (weight h). h [B, C_in, T], weight
-    [C_out, C_in, 1], residual [B, C_out, T] (pass h again for the noise block)."""
-    c_out, c_in, _ = weight.shape
-    return conv_gemm(h, weight.reshape(1, c_out, c_in), bias, residual=residual, noise=noise)
-
-
-_taps: dict[int, Derived] = {}  # by id(weight); an entry goes with its weight (tensors are no weak keys: their
-# == is elementwise)
-
-
-def tap_weights(conv: torch.nn.Conv1d) -> Tensor:
-    """conv.weight as `conv_gemm` reads it, [K, C_out, C_in], kept until the weight changes."""
-    key = id(conv.weight)
-    derived = _taps.get(key)
-    if derived is None:
-        derived = _taps[key] = Derived(lambda w: (w.permute(2, 0, 1).contiguous(),))
-        weakref.finalize(conv.weight, _taps.pop, key, None)
-    return derived.get(conv.weight)[0]
 
 
 def folded_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, padding: int) -> Tensor:
@@ -445,8 +285,8 @@ def _switch(name: str) -> str:
 
 def fuses(conv: torch.nn.Conv1d | None, proj: torch.nn.Conv1d) -> bool:
     """Whether a residual unit (depthwise `conv`, then Snake, then the 1x1 `proj`) or, with conv None, a noise
-    block (`proj` its 1x1 convolution) runs as `depthwise_conv1d(snake=...)` + `pointwise_conv1d` on a GPU:
-    4 passes over its activations instead of 7 (VOX_CODEC_FUSE=0: the unfused kernels, for A/B)."""
+    block (`proj` its 1x1 convolution) runs as `depthwise_conv1d(snake=...)` + `implicit_gemm.pointwise_conv1d`
+    on a GPU: 4 passes over its activations instead of 7 (VOX_CODEC_FUSE=0: the unfused kernels, for A/B)."""
     if _switch("VOX_CODEC_FUSE") == "0" or proj.kernel_size != (1,) or proj.groups != 1 or proj.in_channels % 16:
         return False
     return conv is None or (conv.groups == conv.in_channels == conv.out_channels and conv.stride == (1,)

@@ -60,6 +60,24 @@ def switched_on(t: Tensor, forced: bool | None, env: str, default_on: bool) -> b
 if triton is not None:
 
     @triton.jit
+    def sin2(z):
+        """sin(z)^2 in float32 (the Snake activations' term) from FMAs: z less the nearest multiple of pi (sin^2
+        has period pi, so no sign to track; pi in three parts, exact products for |z| < 4096 pi) is within pi/2,
+        where sin's Taylor series to z^11 is off by < 6e-8. libdevice's sinf made the Snake passes compute-bound
+        in bfloat16."""
+        k = tl.floor(z * 0.3183098861837907 + 0.5)
+        r = z - k * 3.140625
+        r = r - k * 0.0009677410125732422
+        r = r + k * 8.742277657347586e-08
+        r2 = r * r
+        p = r2 * -2.505210838544172e-08 + 2.7557319223985893e-06
+        p = p * r2 - 0.0001984126984126984
+        p = p * r2 + 0.008333333333333333
+        p = p * r2 - 0.16666666666666666
+        s = r + r * r2 * p
+        return s * s
+
+    @triton.jit
     def _fmix32(h):
         h = h ^ (h >> 16)
         h = h * 0x85EBCA6B

@@ -22,7 +22,7 @@ from vox_serve.codecs.streaming import (
     window_rope,
 )
 from vox_serve.layers.decoder import RMSNorm
-from vox_serve.rt import codec_kernels, triton_ops
+from vox_serve.rt import codec_kernels, implicit_gemm, triton_ops
 from vox_serve.rt.derived import Derived
 
 
@@ -81,9 +81,9 @@ class ResidualUnit(nn.Module):
             return x + self.conv2(self.conv1(x, states, act=self.act1), states, act=self.act2)
         conv1, conv2 = self.conv1.conv, self.conv2.conv
         if codec_kernels.gemm_convs(conv1) and codec_kernels.gemm_convs(conv2):  # GPUs: 3 passes
-            h = codec_kernels.conv_gemm(self.conv1.joined(x, states, self.act1), codec_kernels.tap_weights(conv1),
+            h = implicit_gemm.conv_gemm(self.conv1.joined(x, states, self.act1), implicit_gemm.tap_weights(conv1),
                                         conv1.bias, conv1.dilation[0], snake=self.act2.factors())
-            return codec_kernels.pointwise_conv1d(h, conv2.weight, conv2.bias, residual=x)
+            return implicit_gemm.pointwise_conv1d(h, conv2.weight, conv2.bias, residual=x)
         # else each convolution's bias rides in the kernel after it (SnakeBeta, the residual add)
         h = self.act2(self.conv1(x, states, act=self.act1, bias=False), bias=self.conv1.conv.bias)
         return codec_kernels.add_residual(x, self.conv2(h, states, bias=False), self.conv2.conv.bias)
