@@ -37,7 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vox_serve.rt import triton_ops
-from vox_serve.rt.implicit_gemm import conv_gemm, tap_weights, unit_last_stride
+from vox_serve.rt.implicit_gemm import conv_gemm, tap_weights
+from vox_serve.rt.triton_ops import unit_last_stride
 
 try:
     import triton
@@ -124,7 +125,6 @@ if triton is not None:
             acc += tl.load(scale_ptr + c).to(tl.float32) * triton_ops.sin2(tl.load(alpha_ptr + c).to(tl.float32) * acc)
         tl.store(out_ptr + row.to(tl.int64) * length_out + t, acc.to(out_ptr.dtype.element_ty), mask=inside)
 
-    # A stride-1 convolution as an implicit GEMM, one [BLOCK_CO, BLOCK_T] output tile per program: the K taps
 
 def _row_block(length: int) -> tuple[int, int]:
     """(block, warps) for a row of `length` columns: short rows do not leave most lanes idle."""

@@ -61,7 +61,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, sl
         raise ValueError(f"depth attention: {tokens} tokens over {rows} rows, caches {tuple(k_cache.shape)}")
     if (q_norm is None) != (k_norm is None):
         raise ValueError("depth attention: q_norm and k_norm go together")
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q, k, v = (triton_ops.unit_last_stride(x) for x in (q, k, v))
     out = torch.empty(tokens, q_heads, dim, dtype=q.dtype, device=q.device)
     if not tokens:
         return out

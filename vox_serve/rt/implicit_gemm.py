@@ -21,6 +21,7 @@ from torch import Tensor
 
 from vox_serve.rt import triton_ops
 from vox_serve.rt.derived import Derived
+from vox_serve.rt.triton_ops import unit_last_stride
 
 try:
     import triton
@@ -30,9 +31,9 @@ except Exception:  # noqa: BLE001 - no Triton (CPU-only installs): the callers r
 
 if triton is not None:
 
-    # One program per (batch row, C_OUT block, T block). The K taps times the C_IN / BLOCK_K channel blocks are
-    # one loop of tensor-core dots (weight [K, C_OUT, C_IN]), each tap reading the input shifted by its offset;
-    # epilogues: bias, a Snake, SNAC's noise scale, a residual add.
+    # A stride-1 convolution as an implicit GEMM, one [BLOCK_CO, BLOCK_T] output tile per program (of a batch row):
+    # the K taps times the C_IN / BLOCK_K channel blocks are one loop of tensor-core dots (weight [K, C_OUT, C_IN]),
+    # each tap reading the input shifted by its offset; epilogues: bias, a Snake, SNAC's noise scale, a residual add.
     # Channels, taps and offsets are compile-time constants (one variant per layer shape); lengths and strides
     # are specialised on (where they divide by 16 the loads and stores are vectorised).
     @triton.jit
@@ -78,10 +79,6 @@ if triton is not None:
             acc += tl.load(res_ptr + b * r_sb + co[:, None] * r_sc + t[None, :], mask=ok, other=0.0).to(tl.float32)
         out = out_ptr + b * C_OUT * length + co[:, None] * length + t[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ok)
-
-
-def unit_last_stride(x: Tensor) -> Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 @dataclass(frozen=True)

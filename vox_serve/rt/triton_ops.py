@@ -37,6 +37,11 @@ _BLOCK = 1024
 MAX_SAMPLE_VOCAB = 8192  # the fused sampler sorts a row in one program (ids fit 13 bits of its sort key)
 
 
+def unit_last_stride(x: Tensor) -> Tensor:
+    """x itself where its last stride is 1 (what the kernels index by), else a contiguous copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def enabled(t: Tensor) -> bool:
     """Whether the fused kernels serve tensors like `t`: CUDA tensors, when Triton imports.
 
@@ -317,7 +322,7 @@ def rope_write_kv(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
                          f"{kv_heads} heads of even dim {dim}")
     if k_cache.stride() != v_cache.stride() or k_cache.stride()[2:] != (dim, 1):
         raise ValueError("rope_write_kv: the caches need equal strides and contiguous heads")
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q, k, v = (unit_last_stride(x) for x in (q, k, v))
     q_out = torch.empty(tokens, q_heads, dim, dtype=q.dtype, device=q.device) if rotate else q
     if not tokens:
         return q_out
