@@ -204,7 +204,10 @@ FLAGS: tuple[Flag, ...] = (
     _f("--trace-dir", to=SchedulerConfig,
        help="write JSON lines of every stage launch's device time and every scheduling decision here"),
     # Rust runtime only (the lanes, SM partitions and segments of later issues: refused until they exist)
-    _f("--overlap-detok", action="store_true", **RUST_LATER, help="codec on its own stream"),
+    _f("--overlap-detok", to=EngineConfig, action="store_true", runtimes=RUST_ONLY,
+       help="the codec on its own stream, asynchronously to the LM steps: each replica's engine split into an LM "
+            "half and a codec half on its GPU (with --enable-disaggregation: the next GPU), each step waiting for "
+            "its LM half only while one codec batch at a time runs and lands when done"),
     _f("--async-engines", action="store_true", **RUST_LATER, help="LM and codec lanes in flight"),
     _f("--sm-modes", default=None, **RUST_LATER, help="codec SM partitions, e.g. 24,48"),
     _f("--sm-mode", default=None, **RUST_LATER, help="partition index or adaptive"),
@@ -416,6 +419,9 @@ def _check_codec_gpu(kept: dict[str, Any]) -> None:
         raise CliError("--codec-sms partitions a GPU's SMs; --device cpu has none")
     if gpu is None:
         return
+    if kept.get("overlap_detok"):
+        raise CliError("--codec-gpu runs the replicas' codec halves on its shared lane, collected with their steps; "
+                       "--overlap-detok collects a replica's own codec batches asynchronously: use one of them")
     if gpu < 0:
         raise CliError(f"--codec-gpu {gpu}: a GPU index is >= 0")
     if kept.get("enable_disaggregation"):

@@ -117,11 +117,12 @@ class EngineConfig:
     enable_disaggregation: bool = False  # the LM on one device, the codec on the next (engine/disagg.py)
     codec_gpu: int | None = None  # Rust runtime: every replica's codec half on this GPU (engine/placement.py)
     codec_sms: int | None = None  # with codec_gpu: the codec halves on a partition of this many SMs (rt/partition.py)
+    overlap_detok: bool = False  # Rust runtime: each replica's codec half on its own GPU, on its own stream
 
     @property
     def splits(self) -> bool:
         """Whether each replica's engine is split into an LM half and a codec half (engine/disagg.py)."""
-        return self.enable_disaggregation or self.codec_gpu is not None
+        return self.enable_disaggregation or self.codec_gpu is not None or self.overlap_detok
 
 
 @dataclass(frozen=True)

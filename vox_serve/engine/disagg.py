@@ -17,8 +17,9 @@ its codec reads, and resets and primes the codec state.
 
 Devices (engine/placement.py): the codec runs on the GPU after the LM's (`cuda:k` -> `cuda:k+1`; replica i
 of `--dp-size` is the pair 2i, 2i+1), or with `--codec-gpu G` on GPU G for every replica (with `--codec-sms N`
-on an N-SM partition of it that the replicas' codec halves share, rt/partition.py); on a CPU both halves are on
-the CPU, as two separate engines.
+on an N-SM partition of it that the replicas' codec halves share, rt/partition.py), or with `--overlap-detok`
+on the LM's own GPU (the halves on two streams of one device); on a CPU both halves are on the CPU, as two
+separate engines.
 """
 
 from __future__ import annotations
@@ -68,4 +69,9 @@ def disaggregated_spec(program: Program, config: VoxConfig) -> dict[str, Any]:
         from vox_serve.rt.partition import sm_partition
 
         codec.partition = sm_partition(codec.device, config.engine.codec_sms)
+    if codec.device == lm.device:
+        # one GPU (`--overlap-detok`, `--codec-gpu` of the LM's own): the codec half's pools and graphs are
+        # allocated first, so that the LM half's KV cache is sized from the memory they leave
+        codec_spec = engine_of_program(codec, config)
+        return {"disaggregated": True, "lm": engine_of_program(lm, config), "codec": codec_spec}
     return {"disaggregated": True, "lm": engine_of_program(lm, config), "codec": engine_of_program(codec, config)}

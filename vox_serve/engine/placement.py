@@ -1,10 +1,13 @@
-"""Where each replica's engine runs (`--dp-size N`, `--enable-disaggregation`, `--codec-gpu G`).
+"""Where each replica's engine runs (`--dp-size N`, `--enable-disaggregation`, `--codec-gpu G`,
+`--overlap-detok`).
 
 Replica i runs on GPU i. With `--enable-disaggregation` it is split over the pair of GPUs 2i (its LM) and
 2i + 1 (its codec; engine/disagg.py). With `--codec-gpu G` (Rust runtime) its LM runs on GPU i and its
 codec half on GPU G, the codec halves of every replica on the same GPU, where they take turns on a codec
-lane (rust/src/driver/codec_lane.rs). CPU replicas share the CPU, and there a codec half is a second CPU
-engine (so CI checks the split and the lane without GPUs).
+lane (rust/src/driver/codec_lane.rs). With `--overlap-detok` alone (Rust runtime) both halves stay on GPU i,
+each driven on its own stream, so that a step's codec batch runs while its prefill and decode do. CPU
+replicas share the CPU, and there a codec half is a second CPU engine (so CI checks the split and the lane
+without GPUs).
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ def replica_config(config: VoxConfig, replica: int) -> VoxConfig:
 
 
 def codec_device(lm_device: str, config: VoxConfig) -> str:
-    """The device of a split engine's codec half: GPU G with `--codec-gpu G`, else the GPU after the LM's;
-    the CPU for a CPU LM."""
+    """The device of a split engine's codec half: GPU G with `--codec-gpu G`, the GPU after the LM's with
+    `--enable-disaggregation`, else (`--overlap-detok`) the LM's own; the CPU for a CPU LM."""
     if not lm_device.startswith("cuda"):
+        return lm_device
+    if config.engine.codec_gpu is None and not config.engine.enable_disaggregation:
         return lm_device
     visible = _visible_gpus()
     if config.engine.codec_gpu is not None:

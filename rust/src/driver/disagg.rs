@@ -18,8 +18,15 @@
 //! if it has codec rows, queues the codec half and, once that half's PCM is back, frees the lane. How the bytes cross is a `HandoverCopy`: a peer copy between the
 //! streams on CUDA (`serve/peer_copy.rs`), a copy between the two arenas' memory on a CPU
 //! (`HostCopy`). The result joins the LM half's out kinds with the codec half's PCM.
+//!
+//! With `--overlap-detok` (`deferring_codec`) a step waits for its LM half only: its codec half stays on
+//! the device, in a backlog, and is collected once its download's event has fired (`Worker::land`), its
+//! PCM handed back as a `LandedCodec` of its step; the scheduler plans no codec rows while one is in
+//! flight. A step with neither codec rows nor admissions skips the codec half. Before the codec half
+//! writes a host buffer that a backlogged step will read its outputs from, that step is collected first.
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::codec_lane::{CodecLane, LaneTurn};
@@ -27,7 +34,7 @@ use super::spec::{EngineSpec, Half, Stage};
 use super::worker::{EngineWorker, Launcher, StepHandle};
 use super::writer::{Launch, CODEC_PREFIX};
 use crate::sched::engine_loop::Worker;
-use crate::sched::plan::{LmLaunch, SlotInit, StepPlan, StepResult};
+use crate::sched::plan::{LandedCodec, LmLaunch, SlotInit, StepPlan, StepResult};
 
 /// (the LM half's plan, the codec half's plan) of one step. The LM half's is the plan itself unless an
 /// admission carries a codec prefix, which only the codec half reads.
@@ -113,9 +120,20 @@ impl Handover {
 pub struct DisaggregatedHandle {
     step_id: i64,
     lm: StepHandle,
-    codec: StepHandle,
+    /// The codec half's step (None: skipped, with nothing to do while deferring).
+    codec: Option<StepHandle>,
+    /// Whether the step decodes codec rows.
+    codec_rows: bool,
     /// The step's turn on the codec lane, held until its codec half is collected.
     turn: Option<LaneTurn>,
+}
+
+/// A codec half's step still on the device after its LM step (`--overlap-detok`).
+struct PendingCodec {
+    step_id: i64,
+    handle: StepHandle,
+    /// Whether it decodes codec rows (else it ran admissions only: nothing to hand back).
+    rows: bool,
 }
 
 pub struct DisaggregatedWorker<L: Launcher, X: HandoverCopy> {
@@ -124,6 +142,10 @@ pub struct DisaggregatedWorker<L: Launcher, X: HandoverCopy> {
     handover: Handover,
     copier: X,
     lane: Option<Arc<CodecLane>>,
+    /// `--overlap-detok`: the codec half's steps on the device, oldest first (None: collected with their step).
+    backlog: Option<VecDeque<PendingCodec>>,
+    /// Codec batches collected and not yet handed back by `land`.
+    landed: Vec<LandedCodec>,
 }
 
 fn check_half(spec: &EngineSpec, half: Half) -> Result<(), String> {
@@ -140,7 +162,19 @@ impl<L: Launcher, X: HandoverCopy> DisaggregatedWorker<L, X> {
         check_half(lm.0, Half::Lm)?;
         check_half(codec.0, Half::Codec)?;
         Ok(DisaggregatedWorker { handover: Handover::new(lm.0, codec.0)?, lm: EngineWorker::new(lm.0, lm.1)?,
-                                 codec: EngineWorker::new(codec.0, codec.1)?, copier, lane: None })
+                                 codec: EngineWorker::new(codec.0, codec.1)?, copier, lane: None, backlog: None,
+                                 landed: Vec::new() })
+    }
+
+    /// The worker of `--overlap-detok`: each step waits for its LM half only, its codec batch landing later.
+    pub fn deferring_codec(mut self) -> DisaggregatedWorker<L, X> {
+        self.backlog = Some(VecDeque::new());
+        self
+    }
+
+    /// Whether codec batches are collected after their steps.
+    pub fn defers_codec(&self) -> bool {
+        self.backlog.is_some()
     }
 
     /// The worker of a replica whose codec half shares `lane` with other replicas' (`--codec-gpu`).
@@ -162,6 +196,54 @@ impl<L: Launcher, X: HandoverCopy> DisaggregatedWorker<L, X> {
         }
         self.codec.finish(&codec)?;
         Ok(codec)
+    }
+
+    /// The codec half's step while deferring: none when the plan gives it nothing to do, else queued once
+    /// no backlogged step still reads the host buffer it will write.
+    fn deferred_codec_step(&mut self, plan: &StepPlan, nbytes: usize) -> Result<Option<StepHandle>, String> {
+        if plan.admits.is_empty() && plan.codec.is_empty() {
+            return Ok(None);
+        }
+        let next = self.codec.next_parity();
+        let backlog = self.backlog.as_ref().expect("deferring");
+        if let Some(last) = backlog.iter().rposition(|p| p.handle.parity == next) {
+            for _ in 0..=last {
+                self.collect_oldest();
+            }
+        }
+        self.codec_step(plan, nbytes).map(Some)
+    }
+
+    /// Collect the oldest backlogged codec step (waiting for it); one with rows becomes a `LandedCodec`.
+    fn collect_oldest(&mut self) -> Option<bool> {
+        let pending = self.backlog.as_mut().and_then(VecDeque::pop_front)?;
+        let result = self.codec.collect(pending.handle);
+        let rows = pending.rows;
+        if rows || result.is_err() {
+            let result = result.map(|r| StepResult {
+                step_id: pending.step_id, pcm: r.pcm, stage_seconds: joined_seconds(Vec::new(), r.stage_seconds),
+                ..StepResult::default()
+            });
+            self.landed.push(LandedCodec { step_id: pending.step_id, result });
+        }
+        Some(rows)
+    }
+
+    /// Collect the backlogged codec steps that have finished, oldest first, without waiting.
+    fn collect_finished(&mut self) {
+        while let Some(pending) = self.backlog.as_ref().and_then(VecDeque::front) {
+            let step_id = pending.step_id;
+            match self.codec.done(&pending.handle) {
+                Ok(false) => return,
+                Ok(true) => {
+                    self.collect_oldest();
+                }
+                Err(error) => {
+                    self.backlog.as_mut().map(VecDeque::pop_front);
+                    self.landed.push(LandedCodec { step_id, result: Err(error) });
+                }
+            }
+        }
     }
 }
 
@@ -201,31 +283,56 @@ impl<L: Launcher, X: HandoverCopy> Worker for DisaggregatedWorker<L, X> {
             self.lm.run(&mut lm, index)?;
         }
         self.copier.gathered()?;
+        let codec_rows = !codec_plan.codec.is_empty();
         let lane = match self.lane.clone() {
             Some(lane) => lane,
             None => {
-                let codec = self.codec_step(&codec_plan, nbytes)?;
+                let codec = if self.defers_codec() {
+                    self.deferred_codec_step(&codec_plan, nbytes)?
+                } else {
+                    Some(self.codec_step(&codec_plan, nbytes)?)
+                };
                 for index in num_head..lm.launches.len() {
                     self.lm.run(&mut lm, index)?;
                 }
                 self.lm.finish(&lm)?;
-                return Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec, turn: None });
+                return Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec, codec_rows, turn: None });
             }
         };
         for index in num_head..lm.launches.len() {
             self.lm.run(&mut lm, index)?;
         }
         self.lm.finish(&lm)?;
-        let turn = if codec_plan.codec.is_empty() { None } else { Some(lane.turn(codec_plan.codec.deadline)) };
-        let codec = self.codec_step(&codec_plan, nbytes)?; // an error drops the turn
-        Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec, turn })
+        let turn = if codec_rows { Some(lane.turn(codec_plan.codec.deadline)) } else { None };
+        let codec = Some(self.codec_step(&codec_plan, nbytes)?); // an error drops the turn
+        Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec, codec_rows, turn })
     }
 
     fn collect(&mut self, handle: DisaggregatedHandle) -> Result<StepResult, String> {
-        let codec = self.codec.collect(handle.codec);
+        let step_id = handle.step_id;
+        if let Some(backlog) = self.backlog.as_mut() {
+            if let Some(codec) = handle.codec {
+                backlog.push_back(PendingCodec { step_id, handle: codec, rows: handle.codec_rows });
+            }
+            let lm = self.lm.collect(handle.lm)?;
+            self.collect_finished();
+            return Ok(StepResult { step_id, prefill_kind: lm.prefill_kind, decode_kind: lm.decode_kind,
+                                   stage_seconds: joined_seconds(lm.stage_seconds, Vec::new()),
+                                   codec_deferred: handle.codec_rows, ..StepResult::default() });
+        }
+        let codec = self.codec.collect(handle.codec.expect("a codec half step when not deferring"));
         drop(handle.turn);
         let (codec, lm) = (codec?, self.lm.collect(handle.lm)?);
-        Ok(StepResult { step_id: handle.step_id, prefill_kind: lm.prefill_kind, decode_kind: lm.decode_kind,
-                        pcm: codec.pcm, stage_seconds: joined_seconds(lm.stage_seconds, codec.stage_seconds) })
+        Ok(StepResult { step_id, prefill_kind: lm.prefill_kind, decode_kind: lm.decode_kind, pcm: codec.pcm,
+                        stage_seconds: joined_seconds(lm.stage_seconds, codec.stage_seconds), codec_deferred: false })
+    }
+
+    fn land(&mut self, block: bool) -> Vec<LandedCodec> {
+        if block {
+            // wait until a batch with rows lands (steps of admissions alone hand nothing back)
+            while self.landed.is_empty() && self.collect_oldest().is_some() {}
+        }
+        self.collect_finished();
+        std::mem::take(&mut self.landed)
     }
 }

@@ -2,7 +2,7 @@
 //! that record what they are asked: the plan's split, the launch order of worker/disagg_worker.py, the
 //! hand-over's size and the joined result.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -23,6 +23,8 @@ type Log = Rc<RefCell<Vec<String>>>;
 struct Recorder {
     half: &'static str,
     log: Log,
+    /// Whether the steps launched so far have finished (None: always; `Launcher::done`).
+    finished: Option<Rc<Cell<bool>>>,
 }
 
 impl Launcher for Recorder {
@@ -50,7 +52,12 @@ impl Launcher for Recorder {
     }
 
     fn wait(&mut self, _parity: usize, _launches: &[Launch]) -> Result<Vec<(&'static str, f64)>, String> {
+        self.log.borrow_mut().push(format!("{} wait", self.half));
         Ok(Vec::new())
+    }
+
+    fn done(&mut self, _parity: usize) -> Result<bool, String> {
+        Ok(self.finished.as_ref().map_or(true, |f| f.get()))
     }
 }
 
@@ -119,8 +126,9 @@ fn step() -> StepPlan {
 
 fn worker(log: &Log, memory: &mut Vec<Vec<u64>>) -> DisaggregatedWorker<Recorder, CopyRecorder> {
     let (lm, codec) = (half(Half::Lm, memory), half(Half::Codec, memory));
-    DisaggregatedWorker::new((&lm, Recorder { half: "lm", log: log.clone() }),
-                             (&codec, Recorder { half: "codec", log: log.clone() }), CopyRecorder(log.clone()))
+    DisaggregatedWorker::new((&lm, Recorder { half: "lm", log: log.clone(), finished: None }),
+                             (&codec, Recorder { half: "codec", log: log.clone(), finished: None }),
+                             CopyRecorder(log.clone()))
         .unwrap()
 }
 
@@ -193,10 +201,85 @@ fn a_step_without_codec_rows_copies_nothing() {
 fn halves_of_other_layouts_or_the_wrong_half_are_refused() {
     let (log, mut memory) = (Log::default(), Vec::new());
     let (lm, mut codec) = (half(Half::Lm, &mut memory), half(Half::Codec, &mut memory));
-    let rec = |half| Recorder { half, log: log.clone() };
+    let rec = |half| Recorder { half, log: log.clone(), finished: None };
     let swapped = DisaggregatedWorker::new((&codec, rec("lm")), (&lm, rec("codec")), CopyRecorder(log.clone()));
     assert!(swapped.err().unwrap().contains("expected the spec of a disaggregated engine's lm half, got the codec"));
     codec.handover = Some(backed(arena(&[("codec_codes", vec![4, 3, 2], DType::I32)]), &mut memory));
     let differ = DisaggregatedWorker::new((&lm, rec("lm")), (&codec, rec("codec")), CopyRecorder(log.clone()));
     assert!(differ.err().unwrap().contains("hand-over arenas differ"));
+}
+
+/// A worker deferring its codec batches (`--overlap-detok`) whose codec half finishes when `finished` says.
+fn deferring(log: &Log, memory: &mut Vec<Vec<u64>>, finished: &Rc<Cell<bool>>)
+             -> DisaggregatedWorker<Recorder, CopyRecorder> {
+    let (lm, codec) = (half(Half::Lm, memory), half(Half::Codec, memory));
+    DisaggregatedWorker::new((&lm, Recorder { half: "lm", log: log.clone(), finished: None }),
+                             (&codec, Recorder { half: "codec", log: log.clone(), finished: Some(finished.clone()) }),
+                             CopyRecorder(log.clone()))
+        .unwrap()
+        .deferring_codec()
+}
+
+#[test]
+fn a_deferred_codec_batch_lands_after_its_step_once_finished() {
+    let (log, mut memory, finished) = (Log::default(), Vec::new(), Rc::new(Cell::new(false)));
+    let mut w = deferring(&log, &mut memory, &finished);
+    let handle = w.launch(&step()).unwrap();
+    let launched = ["lm upload", "wait copied", "lm prologue", "lm codec", "record gathered", "codec upload",
+                    "codec prologue", "codec codec_prime", &format!("copy {HANDOVER_BYTES}"), "codec codec",
+                    "codec download", "lm decode", "lm download"];
+    assert_eq!(*log.borrow(), launched);
+    let result = w.collect(handle).unwrap();
+    assert!(result.codec_deferred && result.pcm.is_empty());
+    assert_eq!((result.step_id, result.decode_kind.len()), (9, 1));
+    assert_eq!(log.borrow().last().unwrap(), "lm wait"); // the step waited for its LM half only
+    assert!(w.land(false).is_empty());
+    finished.set(true);
+    let landed = w.land(false);
+    assert_eq!(landed.len(), 1);
+    assert_eq!(landed[0].step_id, 9);
+    let codec = landed[0].result.as_ref().unwrap();
+    assert_eq!(codec.pcm.len(), 1);
+    assert_eq!(codec.stage_seconds.iter().map(|s| s.0).collect::<Vec<_>>(), ["codec_prologue", "codec_prime", "codec"]);
+    assert!(w.land(false).is_empty());
+}
+
+#[test]
+fn a_deferring_step_without_codec_rows_or_admissions_skips_the_codec_half() {
+    let (log, mut memory, finished) = (Log::default(), Vec::new(), Rc::new(Cell::new(false)));
+    let mut w = deferring(&log, &mut memory, &finished);
+    let handle = w.launch(&StepPlan { step_id: 1, decode: rows(&[2, 3]), ..StepPlan::default() }).unwrap();
+    assert_eq!(*log.borrow(), ["lm upload", "record gathered", "lm decode", "lm download"]);
+    let result = w.collect(handle).unwrap();
+    assert!(!result.codec_deferred);
+    // admissions alone run the codec half, and hand nothing back when collected
+    let admits = StepPlan { step_id: 2, admits: vec![admit(3, &[])], decode: rows(&[2]), ..StepPlan::default() };
+    let handle = w.launch(&admits).unwrap();
+    assert!(log.borrow().iter().any(|l| l == "codec prologue"));
+    assert!(!w.collect(handle).unwrap().codec_deferred);
+    finished.set(true);
+    assert!(w.land(false).is_empty());
+}
+
+#[test]
+fn the_codec_half_collects_a_backlogged_step_before_reusing_its_host_buffer() {
+    // the hand-made spec has one host buffer: a second codec step waits for the first
+    let (log, mut memory, finished) = (Log::default(), Vec::new(), Rc::new(Cell::new(false)));
+    let mut w = deferring(&log, &mut memory, &finished);
+    let first = w.launch(&step()).unwrap();
+    w.collect(first).unwrap();
+    log.borrow_mut().clear();
+    let second = w.launch(&StepPlan { step_id: 10, ..step() }).unwrap();
+    assert_eq!(&log.borrow()[..6], ["lm upload", "wait copied", "lm prologue", "lm codec", "record gathered",
+                                     "codec wait"]);
+    w.collect(second).unwrap();
+    let landed = w.land(false);
+    assert_eq!(landed.iter().map(|l| l.step_id).collect::<Vec<_>>(), [9]);
+    // blocking lands the next batch with rows, past steps that only admitted
+    let admits = StepPlan { step_id: 11, admits: vec![admit(3, &[])], ..StepPlan::default() };
+    let handle = w.launch(&admits).unwrap();
+    w.collect(handle).unwrap();
+    let landed = w.land(true);
+    assert_eq!(landed.iter().map(|l| l.step_id).collect::<Vec<_>>(), [10]);
+    assert!(w.land(true).is_empty());
 }

@@ -24,13 +24,19 @@ pub trait Launcher {
     fn download(&mut self, parity: usize, nbytes: usize) -> Result<(), String>;
     /// Wait for the step of `parity` (its download); then the stage times measured on the device.
     fn wait(&mut self, parity: usize, launches: &[Launch]) -> Result<Vec<(&'static str, f64)>, String>;
+    /// Whether the step of `parity` has finished, without waiting (a launcher whose calls return when
+    /// they have run is always done).
+    fn done(&mut self, _parity: usize) -> Result<bool, String> {
+        Ok(true)
+    }
 }
 
 pub struct StepHandle {
     shape: PlanShape,
     /// The step's launches, in launch order.
     pub launches: Vec<Launch>,
-    parity: usize,
+    /// The host buffer the step was written into (and its outputs come back to).
+    pub parity: usize,
     seconds: Vec<(&'static str, f64)>,
 }
 
@@ -52,9 +58,19 @@ impl<L: Launcher> EngineWorker<L> {
 
     // The parts of `Worker::launch`, for a worker that interleaves two engines' steps (`disagg.rs`).
 
+    /// The host buffer the next step will be written into.
+    pub fn next_parity(&self) -> usize {
+        (self.steps % self.in_bufs.len() as u64) as usize
+    }
+
+    /// Whether the step of `handle` has finished on the device, without waiting.
+    pub fn done(&mut self, handle: &StepHandle) -> Result<bool, String> {
+        self.launcher.done(handle.parity)
+    }
+
     /// Write the plan into the next host buffer and upload it; the handle lists the step's launches.
     pub fn begin(&mut self, plan: &StepPlan) -> Result<StepHandle, String> {
-        let parity = (self.steps % self.in_bufs.len() as u64) as usize;
+        let parity = self.next_parity();
         self.steps += 1;
         let (launches, nbytes) = self.writer.write(self.in_bufs[parity], plan)?;
         self.launcher.upload(parity, nbytes)?;

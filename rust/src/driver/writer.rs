@@ -467,7 +467,8 @@ impl StepReader {
             }
         }
         StepResult { step_id: shape.step_id, prefill_kind: kinds(&self.prefill_kind, shape.prefill_rows),
-                     decode_kind: kinds(&self.decode_kind, shape.decode_rows), pcm, stage_seconds: Vec::new() }
+                     decode_kind: kinds(&self.decode_kind, shape.decode_rows), pcm, stage_seconds: Vec::new(),
+                     codec_deferred: false }
     }
 }
 

@@ -174,6 +174,8 @@ fn replica_loop(py: Python, host: &PyModule, config_json: &str, sched: &Schedule
     let spec_value: Value = serde_json::from_str(&spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
     let mut engines = Engines::from_json(&spec_value).map_err(value_err)?;
     engines.lane = lane.cloned();
+    let config: Value = serde_json::from_str(config_json).map_err(|e| value_err(format!("config: {e}")))?;
+    engines.defer_codec = section(&config, "engine")?.get("overlap_detok").and_then(Value::as_bool) == Some(true);
     let spec = &engines.planned;
     let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched.clone(), Clock::Monotonic);
     let trace = tracer(sched)?;

@@ -13,7 +13,7 @@ use super::clock::Clock;
 use super::codec::CodecRows;
 use super::config::{EngineLimits, PolicyKind, ProgramMeta, SchedulerConfig};
 use super::deadline::DeadlineState;
-use super::plan::{LmLaunch, StepPlan};
+use super::plan::{CodecLaunch, LmLaunch, StepPlan};
 use super::pool::PagePool;
 use super::table::{SlotState, SlotTable};
 use super::types::{ReqKey, Request, RequestStatus};
@@ -84,6 +84,8 @@ pub struct Scheduler {
     pub notes: Vec<String>,
     pub events: Vec<Event>,
     pub(super) flights: BTreeMap<i64, Flight>,
+    /// Codec batches still on the device after their step (`--overlap-detok`), by step: their rows.
+    pub(super) codec_pending: BTreeMap<i64, CodecLaunch>,
     pub(super) free_later: Vec<(ReqKey, i64)>,
     pub(super) planned: Vec<bool>,
     pub(super) running_slots: Vec<usize>,
@@ -105,7 +107,7 @@ impl Scheduler {
             geometry, meta, limits, config, clock, entries: Vec::new(), free_entries: Vec::new(),
             by_id: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), draining: Vec::new(),
             step_id: 0, now, reasons: Reasons::default(), notes: Vec::new(), events: Vec::new(),
-            flights: BTreeMap::new(), free_later: Vec::new(), planned: vec![false; slots],
+            flights: BTreeMap::new(), codec_pending: BTreeMap::new(), free_later: Vec::new(), planned: vec![false; slots],
             running_slots: Vec::new(), pages: Vec::new(), admits: Vec::new(), codec_rows: CodecRows::default(),
             deadline,
         }
@@ -301,6 +303,16 @@ impl Scheduler {
         self.flights.len()
     }
 
+    /// Whether a codec batch is still on the device after its step (`--overlap-detok`).
+    pub fn codec_in_flight(&self) -> bool {
+        !self.codec_pending.is_empty()
+    }
+
+    /// The steps whose codec batches are still on the device, oldest first.
+    pub fn pending_codec_steps(&self) -> Vec<i64> {
+        self.codec_pending.keys().copied().collect()
+    }
+
     /// When a policy holding work back plans it without any new event (None: never waits).
     pub fn next_wakeup(&self) -> Option<f64> {
         match self.policy() {
@@ -325,7 +337,10 @@ impl Scheduler {
         self.admits.clear();
         self.codec_rows = CodecRows::default();
         let mut plan = StepPlan { step_id: self.step_id, ..StepPlan::default() };
-        self.select_codec();
+        if self.codec_pending.is_empty() {
+            // the codec lane keeps one batch in flight: ready chunks wait for it to land
+            self.select_codec();
+        }
         plan.codec = std::mem::take(&mut self.codec_rows).launch();
         plan.codec.deadline = self.codec_deadline(&plan.codec.keys);
         plan.prefill = self.select_prefill();

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::base::Scheduler;
-use super::plan::{StepPlan, StepResult};
+use super::plan::{LandedCodec, StepPlan, StepResult};
 use super::trace::Tracer;
 
 /// Empty plans in a row, with requests waiting, before the queue head is stalled.
@@ -20,6 +20,11 @@ pub trait Worker {
     fn timer(&self) -> &'static str;
     fn launch(&mut self, plan: &StepPlan) -> Result<Self::Handle, String>;
     fn collect(&mut self, handle: Self::Handle) -> Result<StepResult, String>;
+    /// Codec batches of earlier steps that have finished since (`--overlap-detok`; `block`: wait for the
+    /// oldest one still on the device). A worker that collects every codec batch with its step has none.
+    fn land(&mut self, _block: bool) -> Vec<LandedCodec> {
+        Vec::new()
+    }
 }
 
 pub struct EngineLoop<W: Worker> {
@@ -66,7 +71,34 @@ impl<W: Worker> EngineLoop<W> {
                 self.scheduler.fail(&plan, &error);
             }
         }
+        self.land(false);
         true
+    }
+
+    /// Apply the codec batches that landed after their steps (`block`: wait for the oldest one).
+    fn land(&mut self, block: bool) {
+        let landed = self.worker.land(block);
+        if block && landed.is_empty() {
+            // the scheduler waits for batches the worker does not hold: fail them rather than spin
+            for step_id in self.scheduler.pending_codec_steps() {
+                self.scheduler.fail_codec(step_id, "the worker holds no codec batch of this step");
+            }
+        }
+        for landed in landed {
+            match landed.result {
+                Ok(mut result) => {
+                    if let Some(codec) = self.scheduler.land_codec(landed.step_id, &mut result) {
+                        if let Some(t) = self.tracer.as_mut() {
+                            t.stages(&StepPlan { step_id: landed.step_id, codec, ..StepPlan::default() }, &result);
+                        }
+                    }
+                }
+                Err(error) => {
+                    eprintln!("vox-serve: the codec batch of step {} failed: {error}", landed.step_id);
+                    self.scheduler.fail_codec(landed.step_id, &error);
+                }
+            }
+        }
     }
 
     /// Step once if there is work: None when idle, else how long the caller may wait (0 after a
@@ -78,6 +110,11 @@ impl<W: Worker> EngineLoop<W> {
         }
         if self.step() {
             self.idle_steps = 0;
+            return Some(0.0);
+        }
+        if self.scheduler.codec_in_flight() {
+            // nothing else can run until a codec batch lands (its requests' next chunks, their ends)
+            self.land(true);
             return Some(0.0);
         }
         if let Some(wake) = self.scheduler.next_wakeup() {
@@ -103,6 +140,7 @@ impl<W: Worker> EngineLoop<W> {
 pub trait StepWorker: Send {
     fn step_timer(&self) -> &'static str;
     fn run_step(&mut self, plan: &StepPlan) -> Result<StepResult, String>;
+    fn land_codec(&mut self, block: bool) -> Vec<LandedCodec>;
 }
 
 impl<W: Worker + Send> StepWorker for W {
@@ -113,6 +151,10 @@ impl<W: Worker + Send> StepWorker for W {
     fn run_step(&mut self, plan: &StepPlan) -> Result<StepResult, String> {
         let handle = self.launch(plan)?;
         self.collect(handle)
+    }
+
+    fn land_codec(&mut self, block: bool) -> Vec<LandedCodec> {
+        self.land(block)
     }
 }
 
@@ -131,5 +173,9 @@ impl Worker for BoxWorker {
 
     fn collect(&mut self, handle: StepResult) -> Result<StepResult, String> {
         Ok(handle)
+    }
+
+    fn land(&mut self, block: bool) -> Vec<LandedCodec> {
+        self.as_mut().land_codec(block)
     }
 }

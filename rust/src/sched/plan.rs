@@ -134,4 +134,15 @@ pub struct StepResult {
     pub pcm: Vec<Vec<u8>>,
     /// (stage name, seconds) of each launch, in launch order.
     pub stage_seconds: Vec<(&'static str, f64)>,
+    /// The codec rows' PCM comes later, as a `LandedCodec` (`--overlap-detok`: the codec batch is still
+    /// on the device); `pcm` is then empty.
+    pub codec_deferred: bool,
+}
+
+/// A codec batch collected after its step (`--overlap-detok`): its PCM (one per codec row of step
+/// `step_id`, in the `pcm` of a `StepResult` with the codec launches' times), or why it failed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LandedCodec {
+    pub step_id: i64,
+    pub result: Result<StepResult, String>,
 }

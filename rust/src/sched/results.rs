@@ -4,7 +4,7 @@
 //! all done end, their pages freed once no step in flight writes them.
 
 use super::base::{Event, Scheduler};
-use super::plan::{StepPlan, StepResult};
+use super::plan::{CodecLaunch, StepPlan, StepResult};
 use super::table::SlotState;
 use super::types::{OutKind, ReqKey, RequestStatus};
 
@@ -18,13 +18,42 @@ impl Scheduler {
                        now);
             self.apply(&flight.decode_slots, &flight.decode_occupancy, None, &result.decode_kind, now);
         }
-        for (i, &key) in plan.codec.keys.iter().enumerate() {
-            if self.get(key).is_some() {
-                self.on_audio(key, std::mem::take(&mut result.pcm[i]), now);
-            }
+        if result.codec_deferred {
+            self.codec_pending.insert(plan.step_id, plan.codec.clone());
+        } else {
+            self.apply_pcm(&plan.codec, &mut result.pcm, now);
         }
         self.retire_drained();
         self.free_landed_pages();
+    }
+
+    /// A codec batch that landed after its step (`--overlap-detok`): its PCM, like `update`'s. Returns its
+    /// rows (for the trace), or None for a step whose codec rows were not deferred.
+    pub fn land_codec(&mut self, step_id: i64, result: &mut StepResult) -> Option<CodecLaunch> {
+        let launch = self.codec_pending.remove(&step_id)?;
+        let now = self.clock.now();
+        self.apply_pcm(&launch, &mut result.pcm, now);
+        self.retire_drained();
+        Some(launch)
+    }
+
+    /// A deferred codec batch failed: fail exactly the requests it carried.
+    pub fn fail_codec(&mut self, step_id: i64, error: &str) {
+        let keys = self.codec_pending.remove(&step_id).map_or_else(Vec::new, |launch| launch.keys);
+        for key in keys {
+            if self.get(key).is_some() {
+                self.end(key, RequestStatus::Failed, Some("error".into()), Some(error.to_string()));
+            }
+        }
+        self.retire_drained();
+    }
+
+    fn apply_pcm(&mut self, launch: &CodecLaunch, pcm: &mut [Vec<u8>], now: f64) {
+        for (i, &key) in launch.keys.iter().enumerate() {
+            if self.get(key).is_some() {
+                self.on_audio(key, std::mem::take(&mut pcm[i]), now);
+            }
+        }
     }
 
     /// One launch's out kinds, for the rows whose request still holds the slot.
@@ -97,9 +126,10 @@ impl Scheduler {
     /// Draining requests with no chunk left, and none on the device, are finished (slot order).
     fn retire_drained(&mut self) {
         let t = &self.table;
+        let on_device = |step: &i64| self.flights.contains_key(step) || self.codec_pending.contains_key(step);
         let done: Vec<usize> = (0..t.num_slots)
             .filter(|&s| t.state[s] == SlotState::Draining)
-            .filter(|&s| !t.ready(s) && !self.flights.contains_key(&t.codec_step[s]))
+            .filter(|&s| !t.ready(s) && !on_device(&t.codec_step[s]))
             .collect();
         for slot in done {
             let key = self.key_at(slot);

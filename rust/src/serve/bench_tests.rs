@@ -1,11 +1,14 @@
 //! Bench mode's replicas (`bench::run`) on workers that make up their outputs: requests go to the
 //! least-loaded replica, and a replica that panics fails only the requests it held.
 
+use std::collections::VecDeque;
+
 use serde_json::json;
 
 use super::bench::{least_loaded, run, Arrival};
 use crate::driver::writer_tests::spec;
 use crate::sched::engine_loop::{EngineLoop, Worker};
+use crate::sched::plan::LandedCodec;
 use crate::sched::{Clock, OutKind, Prompt, Request, SamplingParams, Scheduler, SchedulerConfig, StepPlan, StepResult};
 
 /// Every LM row is audio; every codec row gets silence of its length. `panic_at`: the step it panics in.
@@ -30,7 +33,8 @@ impl Worker for MadeUp {
         let audio = OutKind::Audio.code();
         let pcm = plan.codec.num_frames.iter().map(|&f| vec![1u8; (2 * f as i64 * self.samples_per_frame) as usize]).collect();
         Ok(StepResult { step_id: plan.step_id, prefill_kind: vec![audio; plan.prefill.len()],
-                        decode_kind: vec![audio; plan.decode.len()], pcm, stage_seconds: Vec::new() })
+                        decode_kind: vec![audio; plan.decode.len()], pcm, stage_seconds: Vec::new(),
+                        codec_deferred: false })
     }
 
     fn collect(&mut self, handle: StepResult) -> Result<StepResult, String> {
@@ -38,11 +42,18 @@ impl Worker for MadeUp {
     }
 }
 
-fn replica(panic_at: Option<usize>) -> Option<EngineLoop<MadeUp>> {
+fn made_up(panic_at: Option<usize>) -> MadeUp {
+    MadeUp { samples_per_frame: spec(false).meta.samples_per_frame, steps: 0, panic_at }
+}
+
+fn looped<W: Worker>(worker: W) -> Option<EngineLoop<W>> {
     let s = spec(false);
     let config = SchedulerConfig::from_json(&json!({})).unwrap();
-    let worker = MadeUp { samples_per_frame: s.meta.samples_per_frame, steps: 0, panic_at };
     Some(EngineLoop::new(Scheduler::new(s.meta, s.limits, config, Clock::Monotonic), worker, None))
+}
+
+fn replica(panic_at: Option<usize>) -> Option<EngineLoop<MadeUp>> {
+    looped(made_up(panic_at))
 }
 
 fn arrivals(offsets: &[f64]) -> Vec<Arrival> {
@@ -90,4 +101,91 @@ fn a_failed_replica_fails_its_requests_only_and_later_ones_go_elsewhere() {
     let (loops, outcomes, _) = run(loops, arrivals(&[0.0, 0.0]));
     assert!(loops[0].is_some());
     assert!(outcomes.iter().all(|o| o.replica == 0 && o.req.error.is_none()));
+}
+
+/// `--overlap-detok`'s contract on made-up outputs: each codec batch lands `delay` polls after its step (a
+/// blocking land at once); with `fail_single`, the first batch of a single row fails. Codec rows planned while
+/// one is in flight panic.
+struct Deferring {
+    inner: MadeUp,
+    delay: usize,
+    fail_single: bool,
+    failing: Option<i64>,
+    /// (step, its PCM, polls left)
+    pending: VecDeque<(i64, Vec<Vec<u8>>, usize)>,
+}
+
+impl Worker for Deferring {
+    type Handle = StepResult;
+
+    fn timer(&self) -> &'static str {
+        "wall"
+    }
+
+    fn launch(&mut self, plan: &StepPlan) -> Result<StepResult, String> {
+        assert!(plan.codec.is_empty() || self.pending.is_empty(), "codec rows planned while a batch is in flight");
+        let mut result = self.inner.launch(plan)?;
+        if self.fail_single && plan.codec.len() == 1 && self.failing.is_none() {
+            self.failing = Some(plan.step_id);
+        }
+        if !plan.codec.is_empty() {
+            self.pending.push_back((plan.step_id, std::mem::take(&mut result.pcm), self.delay));
+            result.codec_deferred = true;
+        }
+        Ok(result)
+    }
+
+    fn collect(&mut self, handle: StepResult) -> Result<StepResult, String> {
+        Ok(handle)
+    }
+
+    fn land(&mut self, block: bool) -> Vec<LandedCodec> {
+        let Some(front) = self.pending.front_mut() else { return Vec::new() };
+        front.2 = if block { 0 } else { front.2.saturating_sub(1) };
+        if front.2 > 0 {
+            return Vec::new();
+        }
+        let (step_id, pcm, _) = self.pending.pop_front().unwrap();
+        let result = if self.failing == Some(step_id) { Err("a made-up codec failure".to_string()) } else {
+            Ok(StepResult { step_id, pcm, ..StepResult::default() })
+        };
+        vec![LandedCodec { step_id, result }]
+    }
+}
+
+fn deferring(delay: usize, fail_single: bool) -> Option<EngineLoop<Deferring>> {
+    looped(Deferring { inner: made_up(None), delay, fail_single, failing: None, pending: VecDeque::new() })
+}
+
+#[test]
+fn codec_batches_landing_after_their_steps_give_every_request_its_whole_audio() {
+    let (_, serial, _) = run(vec![replica(None)], arrivals(&[0.0, 0.0, 0.0, 0.1]));
+    for delay in [1, 3] {
+        let (loops, deferred, _) = run(vec![deferring(delay, false)], arrivals(&[0.0, 0.0, 0.0, 0.1]));
+        let lp = loops[0].as_ref().unwrap();
+        assert!(lp.worker.pending.is_empty() && !lp.scheduler.codec_in_flight());
+        lp.scheduler.check_idle().unwrap();
+        for (d, s) in deferred.iter().zip(&serial) {
+            assert_eq!((d.req.finish_reason.as_deref(), d.req.error.as_deref()), (Some("length"), None));
+            assert_eq!((d.pcm.len(), d.chunks.len()), (s.pcm.len(), s.chunks.len()), "{} delay {delay}", d.req.req_id);
+        }
+    }
+}
+
+#[test]
+fn a_failed_deferred_codec_batch_fails_exactly_its_requests() {
+    // r2 generates twice as long, so some chunks are decoded alone: the first such batch fails its one request
+    let mut requests = arrivals(&[0.0, 0.0, 0.0]);
+    requests[2].req.sampling.max_tokens = 24;
+    let (loops, outcomes, _) = run(vec![deferring(2, true)], requests);
+    let lp = loops[0].as_ref().unwrap();
+    assert!(lp.worker.failing.is_some());
+    lp.scheduler.check_idle().unwrap();
+    let failed: Vec<_> = outcomes.iter().filter(|o| o.req.error.is_some()).collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!((failed[0].req.finish_reason.as_deref(), failed[0].req.error.as_deref()),
+               (Some("error"), Some("a made-up codec failure")));
+    for o in outcomes.iter().filter(|o| o.req.error.is_none()) {
+        assert_eq!(o.req.finish_reason.as_deref(), Some("length"));
+    }
 }

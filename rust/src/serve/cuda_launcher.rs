@@ -159,6 +159,10 @@ impl Launcher for CudaLauncher {
         self.done[parity].record(self.stream).map_err(err)
     }
 
+    fn done(&mut self, parity: usize) -> Result<bool, String> {
+        self.done[parity].query().map_err(err)
+    }
+
     fn wait(&mut self, parity: usize, launches: &[Launch]) -> Result<Vec<(&'static str, f64)>, String> {
         self.done[parity].synchronize().map_err(err)?;
         match &self.timing {

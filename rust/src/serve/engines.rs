@@ -29,6 +29,8 @@ pub struct Engines {
     pub codec: Option<EngineSpec>,
     /// The codec lane that this replica's codec half shares with other replicas' (`--codec-gpu`).
     pub lane: Option<Arc<CodecLane>>,
+    /// `--overlap-detok`: a split engine's codec batches are collected after their steps.
+    pub defer_codec: bool,
 }
 
 fn is_disaggregated(spec: &Value) -> bool {
@@ -48,20 +50,22 @@ impl Engines {
                 return Err(format!("spec: the {} half of a disaggregated engine without its other half",
                                    planned.half.name()));
             }
-            return Ok(Engines { planned, codec: None, lane: None });
+            return Ok(Engines { planned, codec: None, lane: None, defer_codec: false });
         }
         let codec = EngineSpec::from_json(get(spec, "spec.", "codec")?)?;
         if planned.on_cuda() != codec.on_cuda() {
             return Err(format!("spec: the LM half on {} and the codec half on {}: both on GPUs or both on the CPU",
                                planned.device, codec.device));
         }
-        Ok(Engines { planned, codec: Some(codec), lane: None })
+        Ok(Engines { planned, codec: Some(codec), lane: None, defer_codec: false })
     }
 
-    /// A disaggregated worker joined to this replica's codec lane, if it shares one.
+    /// A disaggregated worker joined to this replica's codec lane, if it shares one, else deferring its
+    /// codec batches with `--overlap-detok`.
     fn with_lane<L: Launcher, X: HandoverCopy>(&self, worker: DisaggregatedWorker<L, X>) -> DisaggregatedWorker<L, X> {
         match &self.lane {
             Some(lane) => worker.with_lane(lane.clone()),
+            None if self.defer_codec => worker.deferring_codec(),
             None => worker,
         }
     }

@@ -1,0 +1,81 @@
+"""`--overlap-detok` (Rust runtime): each replica's engine is split into an LM half and a codec half on the
+replica's own device (engine/placement.py `codec_device`; the next GPU with `--enable-disaggregation`), each
+half driven on its own stream; a step waits for its LM half only and its codec batch lands when it has finished,
+one batch in flight at a time (rust/src/driver/disagg.rs; the contract on made-up workers is tested in the crate,
+serve/bench_tests.rs and driver/disagg_tests.rs). The audio is byte-identical to the whole engine's, on a CPU
+(where the halves are two CPU engines and every batch lands right after its step) and on a GPU; the flag's
+rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rust_helpers import cuda_bench_wavs, require_rt
+from test_rust_replicas import _bench, _gpus, _rust_flags
+
+from vox_serve.cli import CliError, build_config, check_flags, given_flags
+from vox_serve.config import EngineConfig, ModelConfig, ServerConfig, VoxConfig
+from vox_serve.engine.placement import codec_device, replica_config
+
+
+@pytest.mark.parametrize("model", ["orpheus-tiny", "qwen3-tts-tiny"])
+def test_overlapped_codec_makes_the_whole_engines_audio(tmp_path, model: str) -> None:
+    require_rt()
+    whole, _, log = _bench(tmp_path / "whole", model)
+    assert "(codec half)" not in log
+    assert list(whole) == ["bench-000.wav", "bench-001.wav"] and all(len(w) > 44 for w in whole.values())
+    for name, extra in (("overlap", ()), ("disagg", ("--enable-disaggregation",))):
+        overlapped, report, log = _bench(tmp_path / name, model, "--overlap-detok", *extra)
+        assert overlapped == whole, name
+        assert log.count("(codec half)") == 1 and "shared codec lane" not in log, log[-2000:]
+        assert [r["finish"] for r in report["phases"][0]["requests"]] == ["length", "length"]
+
+
+def _overlap_config(dp_size: int) -> VoxConfig:
+    return VoxConfig(model=ModelConfig(device="auto"), server=ServerConfig(dp_size=dp_size),
+                     engine=EngineConfig(overlap_detok=True))
+
+
+def test_each_replicas_codec_half_stays_on_the_replicas_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    _gpus(monkeypatch, 2)
+    config = _overlap_config(2)
+    assert config.engine.splits
+    lms = [replica_config(config, i).model.device for i in range(2)]
+    assert lms == ["cuda:0", "cuda:1"]
+    assert [codec_device(lm, config) for lm in lms] == lms
+    assert codec_device("cpu", config) == "cpu"
+    with pytest.raises(RuntimeError, match="--dp-size 3 needs 3 GPUs"):
+        replica_config(_overlap_config(3), 0)
+
+
+def test_with_disaggregation_the_overlapped_codec_keeps_the_next_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    _gpus(monkeypatch, 4)
+    paired = VoxConfig(model=ModelConfig(device="auto"),
+                       engine=EngineConfig(overlap_detok=True, enable_disaggregation=True))
+    assert codec_device("cuda:2", paired) == "cuda:3"
+
+
+def test_the_rust_runtime_takes_overlap_detok_and_the_python_runtime_does_not() -> None:
+    kept = _rust_flags("--overlap-detok", "--bench-requests", "2")
+    assert build_config(kept, "rust").engine.overlap_detok
+    assert not build_config(_rust_flags("--bench-requests", "2"), "rust").engine.overlap_detok
+    with pytest.raises(CliError, match="--overlap-detok is not a flag of the python runtime"):
+        check_flags(given_flags(["--overlap-detok"]), "python", rust_missing=False)
+    with pytest.raises(CliError, match="--codec-gpu runs the replicas' codec halves on its shared lane"):
+        _rust_flags("--overlap-detok", "--codec-gpu", "0")
+    kept = _rust_flags("--overlap-detok", "--enable-disaggregation", "--bench-requests", "2")
+    assert build_config(kept, "rust").engine.overlap_detok
+    kept, warnings = check_flags(given_flags(["--overlap-detok"]), "python", rust_missing=True)
+    assert "overlap_detok" not in kept and any("--overlap-detok exists only in the Rust runtime" in w
+                                               for w in warnings)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+@pytest.mark.parametrize("model", ["orpheus-tiny", "qwen3-tts-tiny"])
+def test_overlapped_codec_on_a_gpu_makes_the_whole_engines_audio(tmp_path, model: str) -> None:
+    require_rt()
+    whole, _ = cuda_bench_wavs("rust", tmp_path / "whole", model)
+    overlapped, stderr = cuda_bench_wavs("rust", tmp_path / "overlap", model, "--overlap-detok")
+    assert "(codec half)" in stderr, stderr[-2000:]
+    assert list(whole) == ["bench-000.wav", "bench-001.wav", "bench-002.wav"] and overlapped == whole
