@@ -111,15 +111,16 @@ def field_error_message(exc: BaseException) -> str | None:
 _STREAMS: list[Any] = []  # the launch streams handed to the Rust runtime stay alive with the process
 
 
-def launch_stream(device: str, partition_stream: int | None = None) -> int:
-    """A new CUDA stream of `device` for a replica's launches (its raw handle); for an engine on an SM
-    partition (`spec.sm_partition`) the partition's own stream, which its graphs were captured on."""
+def launch_stream(device: str, partition_stream: int | None = None, priority: int = 0) -> int:
+    """A new CUDA stream of `device` for a replica's launches (its raw handle; `priority`: CUDA's, lower runs
+    first); for an engine on an SM partition (`spec.sm_partition`) the partition's own stream, which its graphs
+    were captured on."""
     import torch
 
     from vox_serve.rt.partition import partition_stream as find_partition_stream
 
     if partition_stream is None:
-        stream = torch.cuda.Stream(torch.device(device))
+        stream = torch.cuda.Stream(torch.device(device), priority=priority)
     else:
         found = find_partition_stream(partition_stream)
         if found is None:

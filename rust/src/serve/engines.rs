@@ -77,7 +77,7 @@ impl Engines {
         match (&self.codec, lm.on_cuda()) {
             (None, false) => user.with(EngineWorker::new(lm, cpu_launcher(py, host, lm)?).map_err(value_err)?),
             (None, true) => {
-                let (launcher, _) = cuda_launcher(py, host, lm, time_stages)?;
+                let (launcher, _) = cuda_launcher(py, host, lm, time_stages, 0)?;
                 user.with(EngineWorker::new(lm, launcher).map_err(value_err)?)
             }
             (Some(codec), false) => {
@@ -85,8 +85,9 @@ impl Engines {
                 user.with(self.with_lane(DisaggregatedWorker::new(halves.0, halves.1, HostCopy).map_err(value_err)?))
             }
             (Some(codec), true) => {
-                let (lm_launcher, lm_stream) = cuda_launcher(py, host, lm, time_stages)?;
-                let (codec_launcher, codec_stream) = cuda_launcher(py, host, codec, time_stages)?;
+                let lm_priority = if self.defer_codec && self.lane.is_none() { overlap_lm_priority()? } else { 0 };
+                let (lm_launcher, lm_stream) = cuda_launcher(py, host, lm, time_stages, lm_priority)?;
+                let (codec_launcher, codec_stream) = cuda_launcher(py, host, codec, time_stages, 0)?;
                 let devices = (lm.cuda_ordinal().map_err(value_err)?, codec.cuda_ordinal().map_err(value_err)?);
                 let copier = PeerCopy::new(devices.0, lm_stream, devices.1, codec_stream).map_err(value_err)?;
                 let worker = DisaggregatedWorker::new((lm, lm_launcher), (codec, codec_launcher), copier);
@@ -100,9 +101,22 @@ fn cpu_launcher(py: Python, host: &PyModule, spec: &EngineSpec) -> PyResult<PyLa
     Ok(PyLauncher { handles: PyHandles::new(py, host, spec, None)? })
 }
 
-/// A launcher on a new stream of the spec's device (on an SM partition: the partition's stream), and that stream.
-fn cuda_launcher(py: Python, host: &PyModule, spec: &EngineSpec, time_stages: bool) -> PyResult<(CudaLauncher, u64)> {
-    let stream: u64 = host.call_method1("launch_stream", (spec.device.as_str(), spec.partition_stream))?.extract()?;
+/// `--overlap-detok`: the CUDA stream priority of the LM half's launches (lower runs first; the codec half's is
+/// 0), from `VOX_OVERLAP_LM_PRIORITY` (an A/B switch, default 0: the same as the codec's).
+fn overlap_lm_priority() -> PyResult<i32> {
+    match std::env::var("VOX_OVERLAP_LM_PRIORITY") {
+        Err(_) => Ok(0),
+        Ok(text) => text.trim().parse().map_err(|_| pyo3::exceptions::PyValueError::new_err(format!(
+            "VOX_OVERLAP_LM_PRIORITY={text:?}: expected an integer CUDA stream priority (e.g. -1: before the codec)"))),
+    }
+}
+
+/// A launcher on a new stream of the spec's device (on an SM partition: the partition's stream) of CUDA stream
+/// `priority`, and that stream.
+fn cuda_launcher(py: Python, host: &PyModule, spec: &EngineSpec, time_stages: bool, priority: i32)
+                 -> PyResult<(CudaLauncher, u64)> {
+    let args = (spec.device.as_str(), spec.partition_stream, priority);
+    let stream: u64 = host.call_method1("launch_stream", args)?.extract()?;
     let handles = PyHandles::new(py, host, spec, Some(stream))?;
     let launcher = CudaLauncher::new(spec, stream, handles, time_stages).map_err(pyo3::exceptions::PyValueError::new_err)?;
     Ok((launcher, stream))
