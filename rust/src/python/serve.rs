@@ -165,6 +165,17 @@ fn server_int(config: &Value, name: &str, default: i64) -> i64 {
     config.get("server").and_then(|s| s.get(name)).and_then(Value::as_i64).unwrap_or(default)
 }
 
+/// `--overlap-detok`: how many codec batches may be on the device at once, from `VOX_CODEC_IN_FLIGHT` (an
+/// A/B switch; 2, the default, queues the next batch behind the running one, so the codec stream does not
+/// idle until the host has collected it; a codec half has two host buffers, so at most 2).
+fn codec_batches_in_flight() -> PyResult<usize> {
+    let Ok(text) = std::env::var("VOX_CODEC_IN_FLIGHT") else { return Ok(2) };
+    match text.trim().parse::<usize>() {
+        Ok(n @ 1..=2) => Ok(n),
+        _ => Err(value_err(format!("VOX_CODEC_IN_FLIGHT={text:?}: expected 1 or 2 codec batches in flight"))),
+    }
+}
+
 /// Replica `replica`'s engine loop: its engine built in this interpreter for its device
 /// (vox_serve/rust_host.py `build_engine_spec`), its worker (sharing `lane` with the other
 /// replicas' codec halves, with `--codec-gpu`), scheduler and tracer. Also the spec's JSON.
@@ -177,7 +188,10 @@ fn replica_loop(py: Python, host: &PyModule, config_json: &str, sched: &Schedule
     let config: Value = serde_json::from_str(config_json).map_err(|e| value_err(format!("config: {e}")))?;
     engines.defer_codec = section(&config, "engine")?.get("overlap_detok").and_then(Value::as_bool) == Some(true);
     let spec = &engines.planned;
-    let scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched.clone(), Clock::Monotonic);
+    let mut scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched.clone(), Clock::Monotonic);
+    if engines.defer_codec {
+        scheduler.max_codec_in_flight = codec_batches_in_flight()?;
+    }
     let trace = tracer(sched)?;
     let worker = engines.build(py, host, trace.is_some(), Boxed)?;
     Ok((EngineLoop::new(scheduler, worker, trace), spec_value))

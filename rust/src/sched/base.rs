@@ -86,6 +86,9 @@ pub struct Scheduler {
     pub(super) flights: BTreeMap<i64, Flight>,
     /// Codec batches still on the device after their step (`--overlap-detok`), by step: their rows.
     pub(super) codec_pending: BTreeMap<i64, CodecLaunch>,
+    /// How many codec batches may be on the device at once (`--overlap-detok`; a stateful codec's chunks
+    /// of one request run in order behind each other on the codec stream, and land in that order).
+    pub max_codec_in_flight: usize,
     pub(super) free_later: Vec<(ReqKey, i64)>,
     pub(super) planned: Vec<bool>,
     pub(super) running_slots: Vec<usize>,
@@ -107,7 +110,7 @@ impl Scheduler {
             geometry, meta, limits, config, clock, entries: Vec::new(), free_entries: Vec::new(),
             by_id: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), draining: Vec::new(),
             step_id: 0, now, reasons: Reasons::default(), notes: Vec::new(), events: Vec::new(),
-            flights: BTreeMap::new(), codec_pending: BTreeMap::new(), free_later: Vec::new(), planned: vec![false; slots],
+            flights: BTreeMap::new(), codec_pending: BTreeMap::new(), max_codec_in_flight: 1, free_later: Vec::new(), planned: vec![false; slots],
             running_slots: Vec::new(), pages: Vec::new(), admits: Vec::new(), codec_rows: CodecRows::default(),
             deadline,
         }
@@ -337,8 +340,8 @@ impl Scheduler {
         self.admits.clear();
         self.codec_rows = CodecRows::default();
         let mut plan = StepPlan { step_id: self.step_id, ..StepPlan::default() };
-        if self.codec_pending.is_empty() {
-            // the codec lane keeps one batch in flight: ready chunks wait for it to land
+        if self.codec_pending.len() < self.max_codec_in_flight {
+            // the codec lane is full: ready chunks wait for a batch to land
             self.select_codec();
         }
         plan.codec = std::mem::take(&mut self.codec_rows).launch();

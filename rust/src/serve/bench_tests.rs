@@ -105,14 +105,17 @@ fn a_failed_replica_fails_its_requests_only_and_later_ones_go_elsewhere() {
 
 /// `--overlap-detok`'s contract on made-up outputs: each codec batch lands `delay` polls after its step (a
 /// blocking land at once); with `fail_single`, the first batch of a single row fails. Codec rows planned while
-/// one is in flight panic.
+/// `max_in_flight` batches are on the device panic.
 struct Deferring {
     inner: MadeUp,
     delay: usize,
+    max_in_flight: usize,
     fail_single: bool,
     failing: Option<i64>,
     /// (step, its PCM, polls left)
     pending: VecDeque<(i64, Vec<Vec<u8>>, usize)>,
+    /// The most batches on the device at once.
+    peak: usize,
 }
 
 impl Worker for Deferring {
@@ -123,13 +126,14 @@ impl Worker for Deferring {
     }
 
     fn launch(&mut self, plan: &StepPlan) -> Result<StepResult, String> {
-        assert!(plan.codec.is_empty() || self.pending.is_empty(), "codec rows planned while a batch is in flight");
+        assert!(plan.codec.is_empty() || self.pending.len() < self.max_in_flight, "codec rows planned, lane full");
         let mut result = self.inner.launch(plan)?;
         if self.fail_single && plan.codec.len() == 1 && self.failing.is_none() {
             self.failing = Some(plan.step_id);
         }
         if !plan.codec.is_empty() {
             self.pending.push_back((plan.step_id, std::mem::take(&mut result.pcm), self.delay));
+            self.peak = self.peak.max(self.pending.len());
             result.codec_deferred = true;
         }
         Ok(result)
@@ -153,21 +157,27 @@ impl Worker for Deferring {
     }
 }
 
-fn deferring(delay: usize, fail_single: bool) -> Option<EngineLoop<Deferring>> {
-    looped(Deferring { inner: made_up(None), delay, fail_single, failing: None, pending: VecDeque::new() })
+fn deferring(delay: usize, max_in_flight: usize, fail_single: bool) -> Option<EngineLoop<Deferring>> {
+    let worker = Deferring { inner: made_up(None), delay, max_in_flight, fail_single, failing: None,
+                             pending: VecDeque::new(), peak: 0 };
+    let mut lp = looped(worker)?;
+    lp.scheduler.max_codec_in_flight = max_in_flight;
+    Some(lp)
 }
 
 #[test]
 fn codec_batches_landing_after_their_steps_give_every_request_its_whole_audio() {
     let (_, serial, _) = run(vec![replica(None)], arrivals(&[0.0, 0.0, 0.0, 0.1]));
-    for delay in [1, 3] {
-        let (loops, deferred, _) = run(vec![deferring(delay, false)], arrivals(&[0.0, 0.0, 0.0, 0.1]));
+    for (delay, max_in_flight) in [(1, 1), (3, 1), (3, 2)] {
+        let (loops, deferred, _) = run(vec![deferring(delay, max_in_flight, false)], arrivals(&[0.0, 0.0, 0.0, 0.1]));
         let lp = loops[0].as_ref().unwrap();
         assert!(lp.worker.pending.is_empty() && !lp.scheduler.codec_in_flight());
+        assert_eq!(lp.worker.peak, max_in_flight);
         lp.scheduler.check_idle().unwrap();
         for (d, s) in deferred.iter().zip(&serial) {
             assert_eq!((d.req.finish_reason.as_deref(), d.req.error.as_deref()), (Some("length"), None));
-            assert_eq!((d.pcm.len(), d.chunks.len()), (s.pcm.len(), s.chunks.len()), "{} delay {delay}", d.req.req_id);
+            assert_eq!((d.pcm.len(), d.chunks.len()), (s.pcm.len(), s.chunks.len()), "{} {delay} {max_in_flight}",
+                       d.req.req_id);
         }
     }
 }
@@ -177,7 +187,7 @@ fn a_failed_deferred_codec_batch_fails_exactly_its_requests() {
     // r2 generates twice as long, so some chunks are decoded alone: the first such batch fails its one request
     let mut requests = arrivals(&[0.0, 0.0, 0.0]);
     requests[2].req.sampling.max_tokens = 24;
-    let (loops, outcomes, _) = run(vec![deferring(2, true)], requests);
+    let (loops, outcomes, _) = run(vec![deferring(2, 2, true)], requests);
     let lp = loops[0].as_ref().unwrap();
     assert!(lp.worker.failing.is_some());
     lp.scheduler.check_idle().unwrap();
