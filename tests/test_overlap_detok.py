@@ -1,7 +1,7 @@
 """`--overlap-detok` (Rust runtime): each replica's engine is split into an LM half and a codec half on the
 replica's own device (engine/placement.py `codec_device`; the next GPU with `--enable-disaggregation`), each
 half driven on its own stream; a step waits for its LM half only and its codec batch lands when it has finished,
-one batch in flight at a time (rust/src/driver/disagg.rs; the contract on made-up workers is tested in the crate,
+up to two batches in flight (rust/src/driver/disagg.rs; the contract on made-up workers is tested in the crate,
 serve/bench_tests.rs and driver/disagg_tests.rs). The audio is byte-identical to the whole engine's, on a CPU
 (where the halves are two CPU engines and every batch lands right after its step) and on a GPU; the flag's
 rules."""

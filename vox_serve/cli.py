@@ -207,7 +207,7 @@ FLAGS: tuple[Flag, ...] = (
     _f("--overlap-detok", to=EngineConfig, action="store_true", runtimes=RUST_ONLY,
        help="the codec on its own stream, asynchronously to the LM steps: each replica's engine split into an LM "
             "half and a codec half on its GPU (with --enable-disaggregation: the next GPU), each step waiting for "
-            "its LM half only while one codec batch at a time runs and lands when done"),
+            "its LM half only while up to two codec batches run in turn and land when done"),
     _f("--async-engines", action="store_true", **RUST_LATER, help="LM and codec lanes in flight"),
     _f("--sm-modes", default=None, **RUST_LATER, help="codec SM partitions, e.g. 24,48"),
     _f("--sm-mode", default=None, **RUST_LATER, help="partition index or adaptive"),
