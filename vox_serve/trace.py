@@ -62,7 +62,10 @@ class Tracer:
             "plan_ms": plan_seconds * 1000, "codec": codec, "prefill": prefill, "decode": decode,
             "admits": [a.slot for a in plan.admits], "page_updates": len(plan.pages), "notes": scheduler.notes,
             "queue": {"waiting": len(scheduler.waiting), "running": len(scheduler.running),
-                      "draining": len(scheduler.draining), "in_flight_steps": scheduler.num_in_flight},
+                      "draining": len(scheduler.draining), "in_flight_steps": scheduler.num_in_flight,
+                      # codec batches still on the device after their steps: only the Rust runtime's
+                      # --overlap-detok leaves any; this runtime collects each with its step
+                      "codec_in_flight": 0},
             "kv": {"free_pages": pool.num_free, "used_pages": pool.num_usable - pool.num_free,
                    "usable_pages": pool.num_usable},
         })
