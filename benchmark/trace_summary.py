@@ -21,7 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vox_serve.trace import read_trace  # noqa: E402
 
-
 # Stages of the codec: with `--overlap-detok` they run on their own stream, beside the LM's, so the device
 # time per step counts time that the wall clock may not see twice.
 CODEC_STAGES = frozenset({"codec", "codec_first", "codec_prime", "codec_prologue"})
