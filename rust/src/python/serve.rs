@@ -176,17 +176,32 @@ fn codec_batches_in_flight() -> PyResult<usize> {
     }
 }
 
+/// How a split replica's codec half is driven: on the lane the replicas' codec halves share (`--codec-gpu`),
+/// deferred (`--overlap-detok`: its batches land after their steps), or else collected with its step.
+struct CodecMode {
+    lane: Option<Arc<CodecLane>>,
+    defer: bool,
+}
+
+impl CodecMode {
+    fn of(config: &Value) -> PyResult<CodecMode> {
+        let engine = section(config, "engine")?;
+        let shares = engine.get("codec_gpu").map_or(false, |g| !g.is_null());
+        Ok(CodecMode { lane: shares.then(|| Arc::new(CodecLane::default())),
+                       defer: engine.get("overlap_detok").and_then(Value::as_bool) == Some(true) })
+    }
+}
+
 /// Replica `replica`'s engine loop: its engine built in this interpreter for its device
-/// (vox_serve/rust_host.py `build_engine_spec`), its worker (sharing `lane` with the other
-/// replicas' codec halves, with `--codec-gpu`), scheduler and tracer. Also the spec's JSON.
+/// (vox_serve/rust_host.py `build_engine_spec`), its worker (its codec half driven as `codec` says),
+/// scheduler and tracer. Also the spec's JSON.
 fn replica_loop(py: Python, host: &PyModule, config_json: &str, sched: &SchedulerConfig, replica: usize,
-                lane: Option<&Arc<CodecLane>>) -> PyResult<(EngineLoop<BoxWorker>, Value)> {
+                codec: &CodecMode) -> PyResult<(EngineLoop<BoxWorker>, Value)> {
     let spec_json: String = host.call_method1("build_engine_spec", (config_json, replica))?.extract()?;
     let spec_value: Value = serde_json::from_str(&spec_json).map_err(|e| value_err(format!("spec: {e}")))?;
     let mut engines = Engines::from_json(&spec_value).map_err(value_err)?;
-    engines.lane = lane.cloned();
-    let config: Value = serde_json::from_str(config_json).map_err(|e| value_err(format!("config: {e}")))?;
-    engines.defer_codec = section(&config, "engine")?.get("overlap_detok").and_then(Value::as_bool) == Some(true);
+    engines.lane = codec.lane.clone();
+    engines.defer_codec = codec.defer;
     let spec = &engines.planned;
     let mut scheduler = Scheduler::new(spec.meta.clone(), spec.limits.clone(), sched.clone(), Clock::Monotonic);
     if engines.defer_codec {
@@ -210,12 +225,11 @@ fn serve(py: Python, config_json: &str) -> PyResult<i32> {
     let sched = SchedulerConfig::from_json(section(&config, "scheduler")?).map_err(value_err)?;
     let host = py.import("vox_serve.rust_host")?;
     let dp_size = server_int(&config, "dp_size", 1).max(1) as usize;
-    let shares_codec = section(&config, "engine")?.get("codec_gpu").map_or(false, |g| !g.is_null());
-    let lane = if shares_codec { Some(Arc::new(CodecLane::default())) } else { None };
+    let codec = CodecMode::of(&config)?;
     let mut loops = Vec::new();
     let mut first_spec = Value::Null;
     for replica in 0..dp_size {
-        let (lp, spec_value) = replica_loop(py, host, config_json, &sched, replica, lane.as_ref())?;
+        let (lp, spec_value) = replica_loop(py, host, config_json, &sched, replica, &codec)?;
         loops.push(Some(lp));
         if replica == 0 {
             first_spec = spec_value;
@@ -229,7 +243,7 @@ fn serve(py: Python, config_json: &str) -> PyResult<i32> {
     let builder = if use_rust { prompts::builder_of(&builder_spec).map_err(value_err)? } else { None };
     let bench = Bench { py, host, spec, config_json, builder: builder.as_ref(), builder_spec: &builder_spec };
     let status = bench.run_phases(loops);
-    if let Some(lane) = &lane {
+    if let Some(lane) = &codec.lane {
         eprintln!("vox-serve: the shared codec lane served {} codec batches of {dp_size} replicas", lane.grants());
     }
     status
