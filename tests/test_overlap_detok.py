@@ -4,7 +4,8 @@ half driven on its own stream; a step waits for its LM half only and its codec b
 up to two batches in flight (rust/src/driver/disagg.rs; the contract on made-up workers is tested in the crate,
 serve/bench_tests.rs and driver/disagg_tests.rs). The audio is byte-identical to the whole engine's, on a CPU
 (where the halves are two CPU engines and every batch lands right after its step) and on a GPU; the flag's
-rules."""
+rules. `--async-engines` adds the LM lane: each step launched before the one before it is collected (the
+scheduler plans with the earlier step's tokens still on the device); its audio is the same too."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ def test_overlapped_codec_makes_the_whole_engines_audio(tmp_path, model: str) ->
     whole, _, log = _bench(tmp_path / "whole", model)
     assert "(codec half)" not in log
     assert list(whole) == ["bench-000.wav", "bench-001.wav"] and all(len(w) > 44 for w in whole.values())
-    for name, extra in (("overlap", ()), ("disagg", ("--enable-disaggregation",))):
-        overlapped, report, log = _bench(tmp_path / name, model, "--overlap-detok", *extra)
+    for name, extra in (("overlap", ("--overlap-detok",)), ("disagg", ("--overlap-detok", "--enable-disaggregation")),
+                        ("async", ("--async-engines",))):
+        overlapped, report, log = _bench(tmp_path / name, model, *extra)
         assert overlapped == whole, name
         assert log.count("(codec half)") == 1 and "shared codec lane" not in log, log[-2000:]
         assert [r["finish"] for r in report["phases"][0]["requests"]] == ["length", "length"]
@@ -61,8 +63,10 @@ def test_the_rust_runtime_takes_overlap_detok_and_the_python_runtime_does_not() 
     assert not build_config(_rust_flags("--bench-requests", "2"), "rust").engine.overlap_detok
     with pytest.raises(CliError, match="--overlap-detok is not a flag of the python runtime"):
         check_flags(given_flags(["--overlap-detok"]), "python", rust_missing=False)
-    with pytest.raises(CliError, match="--codec-gpu runs the replicas' codec halves on its shared lane"):
-        _rust_flags("--overlap-detok", "--codec-gpu", "0")
+    for flag in ("--overlap-detok", "--async-engines"):
+        with pytest.raises(CliError, match=f"--codec-gpu runs the replicas' codec halves .* {flag} collects"):
+            _rust_flags(flag, "--codec-gpu", "0")
+    assert build_config(_rust_flags("--async-engines", "--bench-requests", "2"), "rust").engine.splits
     kept = _rust_flags("--overlap-detok", "--enable-disaggregation", "--bench-requests", "2")
     assert build_config(kept, "rust").engine.overlap_detok
     kept, warnings = check_flags(given_flags(["--overlap-detok"]), "python", rust_missing=True)
@@ -73,9 +77,10 @@ def test_the_rust_runtime_takes_overlap_detok_and_the_python_runtime_does_not() 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
 @pytest.mark.parametrize("model", ["orpheus-tiny", "qwen3-tts-tiny"])
-def test_overlapped_codec_on_a_gpu_makes_the_whole_engines_audio(tmp_path, model: str) -> None:
+@pytest.mark.parametrize("flag", ["--overlap-detok", "--async-engines"])
+def test_overlapped_codec_on_a_gpu_makes_the_whole_engines_audio(tmp_path, model: str, flag: str) -> None:
     require_rt()
     whole, _ = cuda_bench_wavs("rust", tmp_path / "whole", model)
-    overlapped, stderr = cuda_bench_wavs("rust", tmp_path / "overlap", model, "--overlap-detok")
+    overlapped, stderr = cuda_bench_wavs("rust", tmp_path / "overlap", model, flag)
     assert "(codec half)" in stderr, stderr[-2000:]
     assert list(whole) == ["bench-000.wav", "bench-001.wav", "bench-002.wav"] and overlapped == whole

@@ -208,7 +208,9 @@ FLAGS: tuple[Flag, ...] = (
        help="the codec on its own stream, asynchronously to the LM steps: each replica's engine split into an LM "
             "half and a codec half on its GPU (with --enable-disaggregation: the next GPU), each step waiting for "
             "its LM half only while up to two codec batches run in turn and land when done"),
-    _f("--async-engines", action="store_true", **RUST_LATER, help="LM and codec lanes in flight"),
+    _f("--async-engines", to=EngineConfig, action="store_true", runtimes=RUST_ONLY,
+       help="the LM and codec lanes each keep work in flight: --overlap-detok's codec lane, and each LM step "
+            "launched before the one before it is collected, so the host plans while the GPU runs"),
     _f("--sm-modes", default=None, **RUST_LATER, help="codec SM partitions, e.g. 24,48"),
     _f("--sm-mode", default=None, **RUST_LATER, help="partition index or adaptive"),
     _f("--urgent-lane", action="store_true", **RUST_LATER, help="high-priority codec lane"),
@@ -419,9 +421,11 @@ def _check_codec_gpu(kept: dict[str, Any]) -> None:
         raise CliError("--codec-sms partitions a GPU's SMs; --device cpu has none")
     if gpu is None:
         return
-    if kept.get("overlap_detok"):
-        raise CliError("--codec-gpu runs the replicas' codec halves on its shared lane, collected with their steps; "
-                       "--overlap-detok collects a replica's own codec batches asynchronously: use one of them")
+    for flag in ("overlap_detok", "async_engines"):
+        if kept.get(flag):
+            raise CliError(f"--codec-gpu runs the replicas' codec halves on its shared lane, collected with their "
+                           f"steps; --{flag.replace('_', '-')} collects a replica's own codec batches asynchronously: "
+                           "use one of them")
     if gpu < 0:
         raise CliError(f"--codec-gpu {gpu}: a GPU index is >= 0")
     if kept.get("enable_disaggregation"):

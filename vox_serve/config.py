@@ -118,11 +118,12 @@ class EngineConfig:
     codec_gpu: int | None = None  # Rust runtime: every replica's codec half on this GPU (engine/placement.py)
     codec_sms: int | None = None  # with codec_gpu: the codec halves on a partition of this many SMs (rt/partition.py)
     overlap_detok: bool = False  # Rust runtime: each replica's codec half on its own GPU, on its own stream
+    async_engines: bool = False  # Rust runtime: overlap_detok, and each LM step launched before the last is collected
 
     @property
     def splits(self) -> bool:
         """Whether each replica's engine is split into an LM half and a codec half (engine/disagg.py)."""
-        return self.enable_disaggregation or self.codec_gpu is not None or self.overlap_detok
+        return self.enable_disaggregation or self.codec_gpu is not None or self.overlap_detok or self.async_engines
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def replica_config(config: VoxConfig, replica: int) -> VoxConfig:
 
 def codec_device(lm_device: str, config: VoxConfig) -> str:
     """The device of a split engine's codec half: GPU G with `--codec-gpu G`, the GPU after the LM's with
-    `--enable-disaggregation`, else (`--overlap-detok`) the LM's own; the CPU for a CPU LM."""
+    `--enable-disaggregation`, else (`--overlap-detok`, `--async-engines`) the LM's own; the CPU for a CPU LM."""
     if not lm_device.startswith("cuda"):
         return lm_device
     if config.engine.codec_gpu is None and not config.engine.enable_disaggregation:

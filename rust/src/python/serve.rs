@@ -177,18 +177,21 @@ fn codec_batches_in_flight() -> PyResult<usize> {
 }
 
 /// How a split replica's codec half is driven: on the lane the replicas' codec halves share (`--codec-gpu`),
-/// deferred (`--overlap-detok`: its batches land after their steps), or else collected with its step.
+/// deferred (`--overlap-detok`, `--async-engines`: its batches land after their steps), or else collected with
+/// its step; and whether the LM steps are launched one ahead (`--async-engines`).
 struct CodecMode {
     lane: Option<Arc<CodecLane>>,
     defer: bool,
+    async_lm: bool,
 }
 
 impl CodecMode {
     fn of(config: &Value) -> PyResult<CodecMode> {
         let engine = section(config, "engine")?;
         let shares = engine.get("codec_gpu").map_or(false, |g| !g.is_null());
+        let flag = |name: &str| engine.get(name).and_then(Value::as_bool) == Some(true);
         Ok(CodecMode { lane: shares.then(|| Arc::new(CodecLane::default())),
-                       defer: engine.get("overlap_detok").and_then(Value::as_bool) == Some(true) })
+                       defer: flag("overlap_detok") || flag("async_engines"), async_lm: flag("async_engines") })
     }
 }
 
@@ -209,7 +212,9 @@ fn replica_loop(py: Python, host: &PyModule, config_json: &str, sched: &Schedule
     }
     let trace = tracer(sched)?;
     let worker = engines.build(py, host, trace.is_some(), Boxed)?;
-    Ok((EngineLoop::new(scheduler, worker, trace), spec_value))
+    let mut lp = EngineLoop::new(scheduler, worker, trace);
+    lp.async_lm = codec.async_lm;
+    Ok((lp, spec_value))
 }
 
 /// Serve `config` (VoxConfig.to_dict() as JSON); returns the process's exit status. `--dp-size N`

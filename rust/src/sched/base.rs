@@ -49,6 +49,8 @@ pub(super) struct Flight {
     pub prefill_sample: Vec<bool>,
     pub decode_slots: Vec<usize>,
     pub decode_occupancy: Vec<i64>,
+    /// Whether the step decodes codec rows.
+    pub has_codec: bool,
 }
 
 /// Why each request got its rows this step (for traces), by stage.
@@ -311,6 +313,11 @@ impl Scheduler {
         !self.codec_pending.is_empty()
     }
 
+    /// Codec batches on the device: of steps not collected yet (`--async-engines`), and landing after theirs.
+    fn codec_batches_on_device(&self) -> usize {
+        self.codec_pending.len() + self.flights.values().filter(|f| f.has_codec).count()
+    }
+
     /// The steps whose codec batches are still on the device, oldest first.
     pub fn pending_codec_steps(&self) -> Vec<i64> {
         self.codec_pending.keys().copied().collect()
@@ -340,8 +347,8 @@ impl Scheduler {
         self.admits.clear();
         self.codec_rows = CodecRows::default();
         let mut plan = StepPlan { step_id: self.step_id, ..StepPlan::default() };
-        if self.codec_pending.len() < self.max_codec_in_flight {
-            // the codec lane is full: ready chunks wait for a batch to land
+        if self.codec_batches_on_device() < self.max_codec_in_flight {
+            // else the codec lane is full: ready chunks wait for a batch to land
             self.select_codec();
         }
         plan.codec = std::mem::take(&mut self.codec_rows).launch();
@@ -375,6 +382,7 @@ impl Scheduler {
             decode_occupancy: decode.iter().map(|&s| t.occupancy[s]).collect(),
             prefill_slots: prefill,
             decode_slots: decode,
+            has_codec: !plan.codec.is_empty(),
         };
         for &s in flight.prefill_slots.iter().chain(&flight.decode_slots) {
             t.lm_step[s] = plan.step_id;

@@ -1,6 +1,10 @@
-//! The core loop: schedule, launch, collect, update (vox_serve/engine_loop.py, synchronous). Any
-//! `Worker` drives it: the engine driver, or the simulated engine.
+//! The core loop: schedule, launch, collect, update (vox_serve/engine_loop.py). Any `Worker` drives it:
+//! the engine driver, or the simulated engine. Synchronous by default; with `async_lm` (`--async-engines`)
+//! it plans and launches step k+1 before it collects step k, as the Python runtime's `--async-scheduling`
+//! does, so the host plans while the device runs (a request decoding in both steps takes its input for
+//! k+1 from its slot's token history on the device, where step k writes it).
 
+use std::any::Any;
 use std::time::Instant;
 
 use super::base::Scheduler;
@@ -15,7 +19,7 @@ pub const TEXT_WAIT_S: f64 = 0.05;
 const IDLE_WAIT_S: f64 = 0.001;
 
 pub trait Worker {
-    type Handle;
+    type Handle: Send + 'static;
     /// What stage times measure: "cuda" events, "wall" time or a "sim" cost model.
     fn timer(&self) -> &'static str;
     fn launch(&mut self, plan: &StepPlan) -> Result<Self::Handle, String>;
@@ -33,6 +37,9 @@ pub struct EngineLoop<W: Worker> {
     pub tracer: Option<Tracer>,
     pub num_steps: u64,
     idle_steps: u32,
+    /// `--async-engines`: the next step is launched before this one is collected.
+    pub async_lm: bool,
+    in_flight: Option<(StepPlan, W::Handle)>,
 }
 
 impl<W: Worker> EngineLoop<W> {
@@ -40,39 +47,58 @@ impl<W: Worker> EngineLoop<W> {
         if let Some(t) = tracer.as_mut() {
             t.header(&scheduler, worker.timer());
         }
-        EngineLoop { scheduler, worker, tracer, num_steps: 0, idle_steps: 0 }
+        EngineLoop { scheduler, worker, tracer, num_steps: 0, idle_steps: 0, async_lm: false, in_flight: None }
     }
 
+    /// Requests left, or a step still on the device.
     pub fn busy(&self) -> bool {
-        self.scheduler.has_work()
+        self.scheduler.has_work() || self.in_flight.is_some()
     }
 
-    /// One step; false when nothing was planned. A failing step fails only its requests.
+    /// One step; false when nothing was launched or collected. A failing step fails only its requests.
     pub fn step(&mut self) -> bool {
         let start = Instant::now();
         let plan = self.scheduler.schedule();
-        if plan.is_empty() {
-            return false;
+        let planned = !plan.is_empty();
+        let launched = if planned { self.launch(plan, start) } else { None };
+        let previous = if self.async_lm { std::mem::replace(&mut self.in_flight, launched) } else { launched };
+        let collected = previous.is_some();
+        if let Some((plan, handle)) = previous {
+            self.collect(plan, handle);
         }
+        self.land(false);
+        planned || (self.async_lm && collected)
+    }
+
+    fn launch(&mut self, plan: StepPlan, start: Instant) -> Option<(StepPlan, W::Handle)> {
         self.num_steps += 1;
         if let Some(t) = self.tracer.as_mut() {
             t.decision(&self.scheduler, &plan, start.elapsed().as_secs_f64());
         }
-        let outcome = self.worker.launch(&plan).and_then(|handle| self.worker.collect(handle));
-        match outcome {
+        match self.worker.launch(&plan) {
+            Ok(handle) => Some((plan, handle)),
+            Err(error) => {
+                self.fail(&plan, &error);
+                None
+            }
+        }
+    }
+
+    fn collect(&mut self, plan: StepPlan, handle: W::Handle) {
+        match self.worker.collect(handle) {
             Ok(mut result) => {
                 if let Some(t) = self.tracer.as_mut() {
                     t.stages(&plan, &result);
                 }
                 self.scheduler.update(&plan, &mut result);
             }
-            Err(error) => {
-                eprintln!("vox-serve: step {} failed: {error}", plan.step_id);
-                self.scheduler.fail(&plan, &error);
-            }
+            Err(error) => self.fail(&plan, &error),
         }
-        self.land(false);
-        true
+    }
+
+    fn fail(&mut self, plan: &StepPlan, error: &str) {
+        eprintln!("vox-serve: step {} failed: {error}", plan.step_id);
+        self.scheduler.fail(plan, error);
     }
 
     /// Apply the codec batches that landed after their steps (`block`: wait for the oldest one).
@@ -135,11 +161,15 @@ impl<W: Worker> EngineLoop<W> {
     }
 }
 
+/// A step handle of any worker (`StepWorker`).
+pub type AnyHandle = Box<dyn Any + Send>;
+
 /// A worker of any kind behind one type, so that replicas of different engine kinds can be held
-/// together (`--dp-size`): a step is launched and collected in one call, as `EngineLoop::step` does.
+/// together (`--dp-size`); its step handles are boxed.
 pub trait StepWorker: Send {
     fn step_timer(&self) -> &'static str;
-    fn run_step(&mut self, plan: &StepPlan) -> Result<StepResult, String>;
+    fn launch_step(&mut self, plan: &StepPlan) -> Result<AnyHandle, String>;
+    fn collect_step(&mut self, handle: AnyHandle) -> Result<StepResult, String>;
     fn land_codec(&mut self, block: bool) -> Vec<LandedCodec>;
 }
 
@@ -148,9 +178,13 @@ impl<W: Worker + Send> StepWorker for W {
         self.timer()
     }
 
-    fn run_step(&mut self, plan: &StepPlan) -> Result<StepResult, String> {
-        let handle = self.launch(plan)?;
-        self.collect(handle)
+    fn launch_step(&mut self, plan: &StepPlan) -> Result<AnyHandle, String> {
+        Ok(Box::new(self.launch(plan)?))
+    }
+
+    fn collect_step(&mut self, handle: AnyHandle) -> Result<StepResult, String> {
+        let handle = handle.downcast::<W::Handle>().map_err(|_| "a step handle of another worker".to_string())?;
+        self.collect(*handle)
     }
 
     fn land_codec(&mut self, block: bool) -> Vec<LandedCodec> {
@@ -161,18 +195,18 @@ impl<W: Worker + Send> StepWorker for W {
 pub type BoxWorker = Box<dyn StepWorker>;
 
 impl Worker for BoxWorker {
-    type Handle = StepResult;
+    type Handle = AnyHandle;
 
     fn timer(&self) -> &'static str {
         self.as_ref().step_timer()
     }
 
-    fn launch(&mut self, plan: &StepPlan) -> Result<StepResult, String> {
-        self.as_mut().run_step(plan)
+    fn launch(&mut self, plan: &StepPlan) -> Result<AnyHandle, String> {
+        self.as_mut().launch_step(plan)
     }
 
-    fn collect(&mut self, handle: StepResult) -> Result<StepResult, String> {
-        Ok(handle)
+    fn collect(&mut self, handle: AnyHandle) -> Result<StepResult, String> {
+        self.as_mut().collect_step(handle)
     }
 
     fn land(&mut self, block: bool) -> Vec<LandedCodec> {

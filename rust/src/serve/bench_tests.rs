@@ -168,8 +168,10 @@ fn deferring(delay: usize, max_in_flight: usize, fail_single: bool) -> Option<En
 #[test]
 fn codec_batches_landing_after_their_steps_give_every_request_its_whole_audio() {
     let (_, serial, _) = run(vec![replica(None)], arrivals(&[0.0, 0.0, 0.0, 0.1]));
-    for (delay, max_in_flight) in [(1, 1), (3, 1), (3, 2)] {
-        let (loops, deferred, _) = run(vec![deferring(delay, max_in_flight, false)], arrivals(&[0.0, 0.0, 0.0, 0.1]));
+    for (delay, max_in_flight, async_lm) in [(1, 1, false), (3, 1, false), (3, 2, false), (3, 2, true)] {
+        let mut lp = deferring(delay, max_in_flight, false);
+        lp.as_mut().unwrap().async_lm = async_lm;
+        let (loops, deferred, _) = run(vec![lp], arrivals(&[0.0, 0.0, 0.0, 0.1]));
         let lp = loops[0].as_ref().unwrap();
         assert!(lp.worker.pending.is_empty() && !lp.scheduler.codec_in_flight());
         assert_eq!(lp.worker.peak, max_in_flight);
@@ -197,5 +199,20 @@ fn a_failed_deferred_codec_batch_fails_exactly_its_requests() {
                (Some("error"), Some("a made-up codec failure")));
     for o in outcomes.iter().filter(|o| o.req.error.is_none()) {
         assert_eq!(o.req.finish_reason.as_deref(), Some("length"));
+    }
+}
+
+#[test]
+fn with_the_next_step_launched_before_the_last_is_collected_every_request_ends_with_its_audio() {
+    let (_, serial, _) = run(vec![replica(None)], arrivals(&[0.0, 0.0, 0.0, 0.05]));
+    let mut lp = replica(None);
+    lp.as_mut().unwrap().async_lm = true;
+    let (loops, ahead, _) = run(vec![lp], arrivals(&[0.0, 0.0, 0.0, 0.05]));
+    let lp = loops[0].as_ref().unwrap();
+    assert!(!lp.busy());
+    lp.scheduler.check_idle().unwrap();
+    for (a, s) in ahead.iter().zip(&serial) {
+        assert_eq!((a.req.finish_reason.as_deref(), a.req.error.as_deref()), (Some("length"), None));
+        assert_eq!((a.req.counters.num_generated, a.pcm.len()), (s.req.counters.num_generated, s.pcm.len()));
     }
 }
