@@ -30,6 +30,8 @@ def test_overlapped_codec_makes_the_whole_engines_audio(tmp_path, model: str) ->
         overlapped, report, log = _bench(tmp_path / name, model, *extra)
         assert overlapped == whole, name
         assert log.count("(codec half)") == 1 and "shared codec lane" not in log, log[-2000:]
+        # one device: the codec half is built first, so the LM half's KV cache is sized after its memory
+        assert log.index("(codec half)") < log.index("(lm half)")
         assert [r["finish"] for r in report["phases"][0]["requests"]] == ["length", "length"]
 
 
