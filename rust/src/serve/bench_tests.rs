@@ -216,3 +216,34 @@ fn with_the_next_step_launched_before_the_last_is_collected_every_request_ends_w
         assert_eq!((a.req.counters.num_generated, a.pcm.len()), (s.req.counters.num_generated, s.pcm.len()));
     }
 }
+
+/// Defers every codec batch and never lands one: a worker that lost its batches.
+struct Losing(MadeUp);
+
+impl Worker for Losing {
+    type Handle = StepResult;
+
+    fn timer(&self) -> &'static str {
+        "wall"
+    }
+
+    fn launch(&mut self, plan: &StepPlan) -> Result<StepResult, String> {
+        let mut result = self.0.launch(plan)?;
+        result.codec_deferred = !plan.codec.is_empty();
+        result.pcm.clear();
+        Ok(result)
+    }
+
+    fn collect(&mut self, handle: StepResult) -> Result<StepResult, String> {
+        Ok(handle)
+    }
+}
+
+#[test]
+fn codec_batches_the_worker_never_lands_fail_their_requests_instead_of_hanging() {
+    let (loops, outcomes, _) = run(vec![looped(Losing(made_up(None)))], arrivals(&[0.0, 0.0]));
+    loops[0].as_ref().unwrap().scheduler.check_idle().unwrap();
+    for o in &outcomes {
+        assert_eq!(o.req.error.as_deref(), Some("the worker holds no codec batch of this step"), "{}", o.req.req_id);
+    }
+}
