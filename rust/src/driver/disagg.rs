@@ -22,8 +22,9 @@
 //! With `--overlap-detok` (`deferring_codec`) a step waits for its LM half only: its codec half stays on
 //! the device, in a backlog, and is collected once its download's event has fired (`Worker::land`), its
 //! PCM handed back as a `LandedCodec` of its step; the scheduler plans no codec rows while its limit of
-//! batches is in flight. A step with neither codec rows nor admissions skips the codec half. Before the codec half
-//! writes a host buffer that a backlogged step will read its outputs from, that step is collected first.
+//! batches is in flight. A step with neither codec rows nor admissions skips the codec half. Before the
+//! codec half writes a host buffer that a backlogged step will read its outputs from, that step is
+//! collected first.
 
 use std::borrow::Cow;
 use std::collections::VecDeque;

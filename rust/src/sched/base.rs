@@ -112,7 +112,8 @@ impl Scheduler {
             geometry, meta, limits, config, clock, entries: Vec::new(), free_entries: Vec::new(),
             by_id: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), draining: Vec::new(),
             step_id: 0, now, reasons: Reasons::default(), notes: Vec::new(), events: Vec::new(),
-            flights: BTreeMap::new(), codec_pending: BTreeMap::new(), max_codec_in_flight: 1, free_later: Vec::new(), planned: vec![false; slots],
+            flights: BTreeMap::new(), codec_pending: BTreeMap::new(), max_codec_in_flight: 1,
+            free_later: Vec::new(), planned: vec![false; slots],
             running_slots: Vec::new(), pages: Vec::new(), admits: Vec::new(), codec_rows: CodecRows::default(),
             deadline,
         }
