@@ -3,9 +3,9 @@
 # workloads, dummy weights): for each model of MODELS and part of PARTS (offline: 256 at once; rates: Poisson
 # phases; single: one request), a run of the whole engine, then one with --overlap-detok, then (IN_FLIGHT_AB=1)
 # one with VOX_CODEC_IN_FLIGHT=1, (PRIORITY_AB=N) one with VOX_OVERLAP_LM_PRIORITY=N, and (ASYNC=1, the default)
-# one with --async-engines. Summaries on stdout,
-# each run's --bench-json and log under $OUT (packed as runtimes.tgz by gpu_runtimes.sh's callers; few files come
-# back from the device machine). Then (TESTS=1) the GPU tier's check that the WAVs equal the whole engine's.
+# one with --async-engines. Summaries on stdout; each run's --bench-json and log under $OUT, where
+# gpu_runtimes.sh also packs them as runtimes.tgz (few files come back from the device machine). Then (TESTS=1)
+# the GPU tier's check that the WAVs equal the whole engine's.
 #
 #   MODELS=qwen3-tts PARTS=offline bash benchmark/gpu_overlap.sh          # about 4 min on an H100/H200 (estimate)
 #   MODELS="orpheus qwen3-tts" PARTS="offline rates" IN_FLIGHT_AB=1 bash benchmark/gpu_overlap.sh
