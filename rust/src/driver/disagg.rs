@@ -315,8 +315,8 @@ impl<L: Launcher, X: HandoverCopy> Worker for DisaggregatedWorker<L, X> {
             if let Some(codec) = handle.codec {
                 backlog.push_back(PendingCodec { step_id, handle: codec, rows: handle.codec_rows });
             }
+            // the finished codec steps are collected by `land`, which the engine loop calls after every step
             let lm = self.lm.collect(handle.lm)?;
-            self.collect_finished();
             return Ok(StepResult { step_id, prefill_kind: lm.prefill_kind, decode_kind: lm.decode_kind,
                                    stage_seconds: joined_seconds(lm.stage_seconds, Vec::new()),
                                    codec_deferred: handle.codec_rows, ..StepResult::default() });
