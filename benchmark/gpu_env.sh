@@ -1,11 +1,11 @@
 # Sourced by the GPU session scripts: $OUT, and the wheels carried in .whl/ installed off-line
 # (see docs/offline-install.md) ahead of the machine's own packages.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ -n "${VOX_SITE:-}" ] && [ -d "$VOX_SITE" ]; then  # sourced again (a script calling another): installed once
+  export PYTHONPATH=$VOX_SITE:$PWD
+elif ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export VOX_SITE=/tmp/site PYTHONPATH=/tmp/site:$PWD
-elif [ -n "${VOX_SITE:-}" ]; then  # sourced again from another tree (TREE=.before): keep the wheels
-  export PYTHONPATH=$VOX_SITE:$PWD
 else
   export PYTHONPATH=$PWD
 fi

@@ -14,7 +14,7 @@
 #   OFFLINE_N=4 MAX_BATCH=8 TESTS=0 bash benchmark/gpu_overlap.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source benchmark/gpu_env.sh  # the wheels installed once, for every pass below
 export OUT
 run() {  # tag env... : one gpu_runtimes.sh pass of the Rust runtime
   local tag=$1; shift
