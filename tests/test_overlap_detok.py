@@ -71,6 +71,10 @@ def test_the_rust_runtime_takes_overlap_detok_and_the_python_runtime_does_not() 
     assert build_config(_rust_flags("--async-engines", "--bench-requests", "2"), "rust").engine.splits
     kept = _rust_flags("--overlap-detok", "--enable-disaggregation", "--bench-requests", "2")
     assert build_config(kept, "rust").engine.overlap_detok
+    for flag in ("--overlap-detok", "--async-engines"):  # the codec half on an SM partition of the replica's GPU
+        assert build_config(_rust_flags(flag, "--codec-sms", "24"), "rust").engine.codec_sms == 24
+    with pytest.raises(CliError, match="--device cpu has none"):
+        _rust_flags("--overlap-detok", "--codec-sms", "16", "--device", "cpu")
     kept, warnings = check_flags(given_flags(["--overlap-detok"]), "python", rust_missing=True)
     assert "overlap_detok" not in kept and any("--overlap-detok exists only in the Rust runtime" in w
                                                for w in warnings)
@@ -85,4 +89,16 @@ def test_overlapped_codec_on_a_gpu_makes_the_whole_engines_audio(tmp_path, model
     whole, _ = cuda_bench_wavs("rust", tmp_path / "whole", model)
     overlapped, stderr = cuda_bench_wavs("rust", tmp_path / "overlap", model, flag)
     assert "(codec half)" in stderr, stderr[-2000:]
+    assert list(whole) == ["bench-000.wav", "bench-001.wav", "bench-002.wav"] and overlapped == whole
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+@pytest.mark.parametrize("model", ["orpheus-tiny", "qwen3-tts-tiny"])
+def test_overlapped_codec_on_an_sm_partition_makes_the_whole_engines_audio(tmp_path, model: str) -> None:
+    """`--overlap-detok --codec-sms 16`: the codec half's graphs on a 16-SM partition of the replica's own GPU."""
+    require_rt()
+    whole, _ = cuda_bench_wavs("rust", tmp_path / "whole", model)
+    overlapped, stderr = cuda_bench_wavs("rust", tmp_path / "part", model, "--overlap-detok", "--codec-sms", "16")
+    assert "SM partition of 16 of the" in stderr, stderr[-2000:]
     assert list(whole) == ["bench-000.wav", "bench-001.wav", "bench-002.wav"] and overlapped == whole

@@ -221,7 +221,9 @@ FLAGS: tuple[Flag, ...] = (
             "batches taking turns on one lane (earliest deadline first)"),
     _f("--codec-sms", to=EngineConfig, type=int, runtimes=RUST_ONLY,
        help="with --codec-gpu: the replicas' codec halves share a partition of this many SMs of that GPU (a CUDA "
-            "green context; rounded up to the GPU's granularity, 8 SMs on Hopper); the LMs keep the whole GPU"),
+            "green context; rounded up to the GPU's granularity, 8 SMs on Hopper); the LMs keep the whole GPU. "
+            "With --overlap-detok or --async-engines: each replica's codec half on such a partition of its codec "
+            "device (its own GPU, or the next one with --enable-disaggregation)"),
     _f("--prompt-builder", to=EngineConfig, choices=["rust", "python"], runtimes=RUST_ONLY,
        help="rust (default where the model's spec allows): prompts built in Rust; python: the program's preprocess"),
     # deadline policy (both runtimes)
@@ -413,8 +415,10 @@ def _check_server_values(kept: dict[str, Any], runtime: str) -> None:
 
 def _check_codec_gpu(kept: dict[str, Any]) -> None:
     gpu, sms = kept.get("codec_gpu"), kept.get("codec_sms")
-    if sms is not None and gpu is None:
-        raise CliError("--codec-sms partitions the codec GPU: give it with --codec-gpu G")
+    own_lane = kept.get("overlap_detok") or kept.get("async_engines")  # each replica's codec half on its own lane
+    if sms is not None and gpu is None and not own_lane:
+        raise CliError("--codec-sms partitions the codec GPU: give it with --codec-gpu G, or with --overlap-detok "
+                       "(each replica's codec half on a partition of its own GPU)")
     if sms is not None and sms < 1:
         raise CliError(f"--codec-sms {sms}: a partition has at least one SM")
     if sms is not None and kept.get("device") == "cpu":

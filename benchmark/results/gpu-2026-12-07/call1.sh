@@ -1,0 +1,6 @@
+set -u
+export VOX_SMALL_GEMM_TABLE=vox_serve/rt/small_gemm_tables/nvidia-h200.json VOX_GIT_COMMIT=$1
+source benchmark/gpu_env.sh
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+TIMEOUT=100 MODELS="orpheus qwen3-tts" PARTS=offline SMS_AB=32 TESTS=0 timeout 575 bash benchmark/gpu_overlap.sh
+cd "$OUT" && rm -f ./*.json ./*.log; ls
