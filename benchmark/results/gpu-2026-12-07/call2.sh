@@ -1,0 +1,13 @@
+set -u
+export VOX_SMALL_GEMM_TABLE=vox_serve/rt/small_gemm_tables/nvidia-h200.json VOX_GIT_COMMIT=$1
+LIMIT=${2:-450}
+source benchmark/gpu_env.sh
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+A="--load-format dummy --device cuda --max-model-len 1152 --max-batch-size 256 --max-codec-batch 256"
+for m in orpheus qwen3-tts; do  # the captured decode step per batch size (graph ms) and its kernels
+  STAGES=decode BATCHES=1,16,64,256 TOP=14 timeout 100 python3 benchmark/profile_stages.py --model $m $A > $OUT/decode_$m.txt 2>&1
+  echo "$m decode rc=$?"; grep "decode x" $OUT/decode_$m.txt | sed 's/eager_ms.*//'
+done
+left=$((LIMIT - SECONDS)); echo "single requests with ${left}s left"
+TIMEOUT=75 MODELS="orpheus qwen3-tts" PARTS=single TESTS=0 timeout "$left" bash benchmark/gpu_overlap.sh
+cd "$OUT" && rm -f ./*.json ./*.log; ls
