@@ -10,4 +10,8 @@ for m in orpheus qwen3-tts; do  # the captured decode step per batch size (graph
 done
 left=$((LIMIT - SECONDS)); echo "single requests with ${left}s left"
 TIMEOUT=75 MODELS="orpheus qwen3-tts" PARTS=single TESTS=0 timeout "$left" bash benchmark/gpu_overlap.sh
-cd "$OUT" && rm -f ./*.json ./*.log; ls
+left=$((LIMIT + 100 - SECONDS)); echo "traced single Orpheus request with ${left}s left"  # where its TTFA goes
+[ "$left" -gt 50 ] && TIMEOUT=$((left - 5)) MODELS=orpheus PARTS=single RUNTIMES=rust TAG=trace \
+  RS_EXTRA="--trace-dir $OUT/trace" bash benchmark/gpu_runtimes.sh | grep -E "rc=|^summary" \
+  && python3 benchmark/trace_summary.py "$OUT/trace" | tee "$OUT/trace_single.txt"
+rm -rf "$OUT/trace"; cd "$OUT" && rm -f ./*.json ./*.log; ls
