@@ -8,6 +8,10 @@ for m in orpheus qwen3-tts; do  # the captured decode step per batch size (graph
   STAGES=decode BATCHES=1,16,64,256 TOP=14 timeout 100 python3 benchmark/profile_stages.py --model $m $A > $OUT/decode_$m.txt 2>&1
   echo "$m decode rc=$?"; grep "decode x" $OUT/decode_$m.txt | sed 's/eager_ms.*//'
 done
+# A/B: Orpheus' gate/up at 1 row as rt/small_gemm's norm_gated kernel (the norm and the gate folded in)
+VOX_SMALL_GEMM_TABLE=benchmark/results/gpu-2026-12-07/table_gated.json STAGES=decode BATCHES=1 TOP=14 timeout 80 \
+  python3 benchmark/profile_stages.py --model orpheus $A > $OUT/decode_orpheus_gated.txt 2>&1
+echo "orpheus gated rc=$?"; grep "decode x" $OUT/decode_orpheus_gated.txt | sed 's/eager_ms.*//'
 left=$((LIMIT - SECONDS)); echo "single requests with ${left}s left"
 TIMEOUT=75 MODELS="orpheus qwen3-tts" PARTS=single TESTS=0 timeout "$left" bash benchmark/gpu_overlap.sh
 left=$((LIMIT + 100 - SECONDS)); echo "traced single Orpheus request with ${left}s left"  # where its TTFA goes
