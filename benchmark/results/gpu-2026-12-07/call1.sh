@@ -9,6 +9,10 @@ left=$((LIMIT - 50 - SECONDS)); echo "test with ${left}s left"
   -k "on_a_gpu and orpheus and async" > "$OUT/tests.txt" 2>&1
 echo "tests rc=$?"; tail -3 "$OUT/tests.txt"
 left=$((LIMIT - SECONDS)); echo "qwen3-tts with ${left}s left"
-[ "$left" -gt 40 ] && TIMEOUT=$((left / 2)) MODELS=qwen3-tts PARTS=offline TESTS=0 timeout "$left" \
-  bash benchmark/gpu_overlap.sh 2>&1 | grep -v overlap_
+for mode in whole async; do  # gpu_overlap.sh's runs of the whole engine and --async-engines
+  left=$((LIMIT - SECONDS)); [ "$left" -gt 40 ] || break
+  flag=$([ $mode = async ] && echo --async-engines)
+  RS_EXTRA=$flag TAG=$mode TIMEOUT=$left MODELS=qwen3-tts PARTS=offline RUNTIMES=rust bash benchmark/gpu_runtimes.sh \
+    2>&1 | grep -E "rc=|^summary"
+done
 cd "$OUT" && rm -f ./*.json ./*.log; ls
