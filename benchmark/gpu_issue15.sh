@@ -7,7 +7,8 @@
 #   3. Orpheus' captured decode step at 1 row with the packaged table and with
 #      benchmark/ab_tables/nvidia-h200-orpheus-gated.json (its gate/up projection as rt/small_gemm's norm_gated
 #      kernel: the residual add, the norm and the SwiGLU gate folded in; 1.02x alone on an H200, under the
-#      table's 1.03 bar, never measured in the step).
+#      table's 1.03 bar, never measured in the step);
+#   4. Orpheus' offline workload with --overlap-detok --codec-sms 48 (the codec half on a 48-SM partition).
 # Each part runs while time is left of LIMIT seconds (default 540), so a short device budget still brings back
 # the first ones. Usage (repo root, carrying .whl, vox_serve/_rt.abi3.so and .fiaot.tgz):
 #   VOX_GIT_COMMIT=$(git rev-parse --short HEAD) LIMIT=540 bash benchmark/gpu_issue15.sh
@@ -40,4 +41,5 @@ for table in "$VOX_SMALL_GEMM_TABLE" benchmark/ab_tables/nvidia-h200-orpheus-gat
     $A > "$OUT/$name" 2>&1
   echo "$table: $(grep 'decode x' "$OUT/$name" | sed 's/eager_ms.*//')"
 done
+offline orpheus overlap_sms48 --overlap-detok --codec-sms 48  # the codec half on a 48-SM partition
 cd "$OUT" && rm -f ./*.json ./*.log; ls
