@@ -10,7 +10,8 @@
 #      table's 1.03 bar, never measured in the step);
 #   4. Orpheus' offline workload with --overlap-detok --codec-sms 48 (the codec half on a 48-SM partition).
 # Each part runs while time is left of LIMIT seconds (default 540), so a short device budget still brings back
-# the first ones. Usage (repo root, carrying .whl, vox_serve/_rt.abi3.so and .fiaot.tgz):
+# the first ones. Usage (repo root, carrying .whl from benchmark/gpu_wheels.sh, vox_serve/_rt.abi3.so from
+# `pip install -e .`, and .fiaot.tgz, FlashInfer's prebuilt modules: docs/offline-install.md):
 #   VOX_GIT_COMMIT=$(git rev-parse --short HEAD) LIMIT=540 bash benchmark/gpu_issue15.sh
 set -u
 cd "$(dirname "$0")/.."
