@@ -77,7 +77,7 @@ impl Tracer {
             "admits": plan.admits.iter().map(|a| a.slot).collect::<Vec<_>>(), "page_updates": plan.pages.len(),
             "notes": s.notes,
             "queue": {"waiting": s.waiting.len(), "running": s.running.len(), "draining": s.draining.len(),
-                      "in_flight_steps": s.num_in_flight(), "codec_in_flight": s.pending_codec_steps().len()},
+                      "in_flight_steps": s.num_in_flight(), "codec_in_flight": s.codec_pending.len()},
             "kv": {"free_pages": pool.num_free(), "used_pages": pool.num_usable() - pool.num_free(),
                    "usable_pages": pool.num_usable()},
         }));
