@@ -2,7 +2,9 @@
 # Where a lone request's TTFA goes in the Rust runtime's bench mode, step by step (issue 15: Orpheus 67.5 ms on
 # an H200 against ~28 decode steps of ~2.1 ms). One bench process per model with --trace-dir, then, from the
 # trace, the first STEPS steps: wall ms since the first step, what was planned, and each stage's device ms; and
-# benchmark/trace_summary.py's totals. Results under $OUT (trace_<model>.txt, bench_<model>.log); ~45 s a model.
+# benchmark/trace_summary.py's totals. Results under $OUT (trace_<model>[_TAG].txt, bench_<model>[_TAG].log); ~45 s a
+# model. VOX_EARLY_PCM=0 TAG=late: the same with each step's PCM handed over with its LM rows (the A/B of
+# rust/src/driver/worker.rs `early_pcm`).
 # Usage (repo root, carrying what gpu_issue15.sh carries):
 #   VOX_GIT_COMMIT=$(git rev-parse --short HEAD) bash benchmark/gpu_ttfa_trace.sh
 # Dry run on CPU: DEVICE=cpu MODEL_SUFFIX=-tiny TOKENS=42 FRAMES=12 bash benchmark/gpu_ttfa_trace.sh
@@ -20,12 +22,12 @@ for model in ${MODELS:-orpheus qwen3-tts}; do
     args=(--max-model-len 1152 --first-chunk-frames 2 --detokenize-interval 5
           --bench-kwargs "{\"max_tokens\":${FRAMES:-128},\"ignore_eos\":true}")
   fi
-  dir=$OUT/trace_$model; rm -rf "$dir"
+  name=$model${TAG:+_$TAG}; dir=$OUT/trace_$name; rm -rf "$dir"
   timeout "${TIMEOUT:-150}" python3 -m vox_serve.launch --runtime rust --model "$model$MODEL_SUFFIX" --load-format dummy \
     --device "$DEVICE" --max-batch-size 256 --max-codec-batch 256 --bench-requests 1 --bench-text "$BENCH_TEXT" \
-    --trace-dir "$dir" "${args[@]}" ${RS_EXTRA:-} > "$OUT/bench_$model.log" 2>&1
-  echo "$model: rc=$? $(grep -E '^summary' "$OUT/bench_$model.log" | cut -c1-200)"
-  python3 - "$dir" "$STEPS" > "$OUT/trace_$model.txt" <<'PY'
+    --trace-dir "$dir" "${args[@]}" ${RS_EXTRA:-} > "$OUT/bench_$name.log" 2>&1
+  echo "$name: rc=$? $(grep -E '^summary' "$OUT/bench_$name.log" | cut -c1-200)"
+  python3 - "$dir" "$STEPS" > "$OUT/trace_$name.txt" <<'PY'
 import sys
 from collections import defaultdict
 from vox_serve.trace import read_trace
@@ -41,6 +43,6 @@ for r in steps[: int(sys.argv[2])]:
     print(f'step {r["step"]:4d} t={1000 * (r["t"] - t0):8.2f} ms plan={r.get("plan_ms", 0):.3f} {planned} '
           + " ".join(stages.get(r["step"], [])))
 PY
-  python3 benchmark/trace_summary.py "$dir" >> "$OUT/trace_$model.txt" 2>&1
-  head -"$STEPS" "$OUT/trace_$model.txt" | cut -c1-220; tail -12 "$OUT/trace_$model.txt"
+  python3 benchmark/trace_summary.py "$dir" >> "$OUT/trace_$name.txt" 2>&1
+  head -"$STEPS" "$OUT/trace_$name.txt" | cut -c1-220; tail -12 "$OUT/trace_$name.txt"
 done

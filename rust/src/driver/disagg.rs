@@ -127,6 +127,8 @@ pub struct DisaggregatedHandle {
     codec_rows: bool,
     /// The step's turn on the codec lane, held until its codec half is collected.
     turn: Option<LaneTurn>,
+    /// The codec half's outputs, collected early (`early_pcm`), its PCM handed over.
+    codec_early: Option<StepResult>,
 }
 
 /// A codec half's step still on the device after its LM step (`--overlap-detok`).
@@ -297,7 +299,7 @@ impl<L: Launcher, X: HandoverCopy> Worker for DisaggregatedWorker<L, X> {
                     self.lm.run(&mut lm, index)?;
                 }
                 self.lm.finish(&lm)?;
-                return Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec, codec_rows, turn: None });
+                return Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec, codec_rows, turn: None, codec_early: None });
             }
         };
         for index in num_head..lm.launches.len() {
@@ -306,7 +308,7 @@ impl<L: Launcher, X: HandoverCopy> Worker for DisaggregatedWorker<L, X> {
         self.lm.finish(&lm)?;
         let turn = if codec_rows { Some(lane.turn(codec_plan.codec.deadline)) } else { None };
         let codec = Some(self.codec_step(&codec_plan, nbytes)?); // an error drops the turn
-        Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec, codec_rows, turn })
+        Ok(DisaggregatedHandle { step_id: plan.step_id, lm, codec, codec_rows, turn, codec_early: None })
     }
 
     fn collect(&mut self, handle: DisaggregatedHandle) -> Result<StepResult, String> {
@@ -321,11 +323,31 @@ impl<L: Launcher, X: HandoverCopy> Worker for DisaggregatedWorker<L, X> {
                                    stage_seconds: joined_seconds(lm.stage_seconds, Vec::new()),
                                    codec_deferred: handle.codec_rows, ..StepResult::default() });
         }
-        let codec = self.codec.collect(handle.codec.expect("a codec half step when not deferring"));
+        let codec = match (handle.codec, handle.codec_early) {
+            (Some(codec), _) => self.codec.collect(codec),
+            (None, early) => Ok(early.expect("a codec half step when not deferring")),
+        };
         drop(handle.turn);
         let (codec, lm) = (codec?, self.lm.collect(handle.lm)?);
         Ok(StepResult { step_id, prefill_kind: lm.prefill_kind, decode_kind: lm.decode_kind, pcm: codec.pcm,
-                        stage_seconds: joined_seconds(lm.stage_seconds, codec.stage_seconds), codec_deferred: false })
+                        stage_seconds: joined_seconds(lm.stage_seconds, codec.stage_seconds), codec_deferred: false,
+                        pcm_early: codec.pcm_early })
+    }
+
+    /// Not deferring, the codec half's step is collected as soon as it is done, its lane turn given back, and
+    /// its PCM handed over while the LM half still runs.
+    fn early_pcm(&mut self, handle: &mut DisaggregatedHandle) -> Option<Result<Vec<Vec<u8>>, String>> {
+        if self.defers_codec() || !handle.codec_rows {
+            return None;
+        }
+        let collected = self.codec.collect(handle.codec.take()?);
+        handle.turn = None;
+        let (pcm, rest) = match collected {
+            Ok(mut result) => (Ok(std::mem::take(&mut result.pcm)), result),
+            Err(error) => (Err(error), StepResult::default()),
+        };
+        handle.codec_early = Some(StepResult { pcm_early: true, ..rest });
+        Some(pcm)
     }
 
     fn land(&mut self, block: bool) -> Vec<LandedCodec> {

@@ -11,7 +11,8 @@ use super::codec_lane::CodecLane;
 use super::disagg::{split_plan, DisaggregatedWorker, HandoverCopy};
 use super::layout::{ArenaLayout, DType};
 use super::spec::{EngineSpec, Half, Stage};
-use super::worker::Launcher;
+use super::layout::HostBuf;
+use super::worker::{EngineWorker, Launcher};
 use super::writer::{AttentionPlan, Launch, CODEC_PREFIX};
 use super::writer_tests::{admit, arena, spec};
 use crate::sched::engine_loop::Worker;
@@ -46,8 +47,19 @@ impl Launcher for Recorder {
         Ok(Some(if self.half == "lm" { 1.0 } else { 2.0 }))
     }
 
-    fn download(&mut self, _parity: usize, _nbytes: usize) -> Result<(), String> {
-        self.log.borrow_mut().push(format!("{} download", self.half));
+    fn download(&mut self, _parity: usize, nbytes: usize) -> Result<(), String> {
+        let size = if self.half == "whole" { format!(" {nbytes}") } else { String::new() };
+        self.log.borrow_mut().push(format!("{} download{size}", self.half));
+        Ok(())
+    }
+
+    fn download_early(&mut self, _parity: usize, offset: usize, nbytes: usize) -> Result<(), String> {
+        self.log.borrow_mut().push(format!("{} early {offset}+{nbytes}", self.half));
+        Ok(())
+    }
+
+    fn wait_early(&mut self, _parity: usize) -> Result<(), String> {
+        self.log.borrow_mut().push(format!("{} wait early", self.half));
         Ok(())
     }
 
@@ -92,9 +104,19 @@ fn backed(mut a: ArenaLayout, memory: &mut Vec<Vec<u64>>) -> ArenaLayout {
 
 const HANDOVER_BYTES: usize = 4 * 2 * 2 * 4; // codec_codes [max_codec_batch, window, codes_per_frame] int32
 
-/// One half of the hand-made spec (`writer_tests::spec`, which primes codec slots), its arenas backed.
-fn half(half: Half, memory: &mut Vec<Vec<u64>>) -> EngineSpec {
+/// The hand-made spec (`writer_tests::spec`, which primes codec slots), its arenas backed.
+fn whole(memory: &mut Vec<Vec<u64>>) -> EngineSpec {
     let mut s = spec(true);
+    s.step_in = backed(s.step_in, memory);
+    let out = arena(&[("prefill_kind", vec![4], DType::I32), ("decode_kind", vec![4], DType::I32),
+                      ("codec_pcm", vec![4, 8], DType::I16)]);
+    s.step_out = backed(out, memory);
+    s
+}
+
+/// One half of the hand-made spec.
+fn half(half: Half, memory: &mut Vec<Vec<u64>>) -> EngineSpec {
+    let mut s = whole(memory);
     s.half = half;
     if half == Half::Lm {
         s.stages.remove(&Stage::CodecPrime);
@@ -102,10 +124,6 @@ fn half(half: Half, memory: &mut Vec<Vec<u64>>) -> EngineSpec {
         s.stages.remove(&Stage::Prefill);
         s.stages.remove(&Stage::Decode);
     }
-    s.step_in = backed(s.step_in, memory);
-    let out = arena(&[("prefill_kind", vec![4], DType::I32), ("decode_kind", vec![4], DType::I32),
-                      ("codec_pcm", vec![4, 8], DType::I16)]);
-    s.step_out = backed(out, memory);
     s.handover = Some(backed(arena(&[("codec_codes", vec![4, 2, 2], DType::I32)]), memory));
     s
 }
@@ -282,4 +300,80 @@ fn the_codec_half_collects_a_backlogged_step_before_reusing_its_host_buffer() {
     let landed = w.land(true);
     assert_eq!(landed.iter().map(|l| l.step_id).collect::<Vec<_>>(), [10]);
     assert!(w.land(true).is_empty());
+}
+
+/// The whole engine's worker on `whole`'s spec, its codec rows' PCM samples set to 1, 2, ... in host memory.
+fn whole_worker(log: &Log, memory: &mut Vec<Vec<u64>>, early: bool) -> (EngineWorker<Recorder>, usize) {
+    let s = whole(memory);
+    let pcm = s.step_out.field("codec_pcm").unwrap().clone();
+    let h = HostBuf { base: s.step_out.host_ptrs[0] as *mut u8 };
+    for i in 0..pcm.len() {
+        h.set_i(&pcm, i, i as i64 + 1);
+    }
+    let w = EngineWorker::new(&s, Recorder { half: "whole", log: log.clone(), finished: None }).unwrap();
+    (w.with_early_pcm(early), pcm.offset)
+}
+
+/// The first `n` samples of `whole_worker`'s PCM, as the host receives them.
+fn samples(n: i16) -> Vec<u8> {
+    (1..=n).flat_map(i16::to_le_bytes).collect()
+}
+
+#[test]
+fn a_whole_engine_copies_its_pcm_back_after_its_codec_launch_and_hands_it_over_before_its_lm_rows_end() {
+    let (log, mut memory) = (Log::default(), Vec::new());
+    let (mut w, pcm_offset) = whole_worker(&log, &mut memory, true);
+    let mut handle = w.launch(&step()).unwrap();
+    // one row of 2 frames of 4 samples (int16), in a field of 8 samples a row; the last download stops at the PCM
+    let want = ["whole upload", "whole prologue", "whole codec_prime", "whole codec",
+                &format!("whole early {pcm_offset}+16"), "whole decode", &format!("whole download {pcm_offset}")];
+    assert_eq!(*log.borrow(), want);
+    let pcm = w.early_pcm(&mut handle).unwrap().unwrap();
+    assert_eq!(pcm, [samples(8)]);
+    assert_eq!(log.borrow().last().unwrap(), "whole wait early");
+    assert!(w.early_pcm(&mut handle).is_none()); // handed over once
+    let result = w.collect(handle).unwrap();
+    assert!(result.pcm_early && result.pcm.is_empty());
+    assert_eq!(result.decode_kind.len(), 1);
+}
+
+#[test]
+fn a_whole_engine_step_hands_its_pcm_over_with_its_result_without_early_copies_or_codec_rows() {
+    let (log, mut memory) = (Log::default(), Vec::new());
+    let (mut w, pcm_offset) = whole_worker(&log, &mut memory, false);
+    let mut handle = w.launch(&step()).unwrap();
+    assert!(!log.borrow().iter().any(|l| l.contains("early")));
+    assert_eq!(log.borrow().last().unwrap(), &format!("whole download {}", pcm_offset + 16));
+    assert!(w.early_pcm(&mut handle).is_none());
+    let result = w.collect(handle).unwrap();
+    assert_eq!((result.pcm_early, result.pcm), (false, vec![samples(8)]));
+    // with early copies on, a step without codec rows makes none
+    let (log, mut memory) = (Log::default(), Vec::new());
+    let (mut w, pcm_offset) = whole_worker(&log, &mut memory, true);
+    let mut handle = w.launch(&StepPlan { step_id: 1, decode: rows(&[2, 3]), ..StepPlan::default() }).unwrap();
+    assert_eq!(*log.borrow(), ["whole upload", "whole decode", &format!("whole download {pcm_offset}")]);
+    assert!(w.early_pcm(&mut handle).is_none());
+    assert!(!w.collect(handle).unwrap().pcm_early);
+}
+
+#[test]
+fn a_disaggregated_step_hands_its_codec_halfs_pcm_over_early_and_frees_its_lane_unless_deferring() {
+    let (log, mut memory) = (Log::default(), Vec::new());
+    let lane = Arc::new(CodecLane::default());
+    let mut w = worker(&log, &mut memory).with_lane(lane.clone());
+    let mut handle = w.launch(&step()).unwrap();
+    assert!(lane.is_held());
+    let pcm = w.early_pcm(&mut handle).unwrap().unwrap();
+    assert_eq!(pcm.len(), 1);
+    assert_eq!(log.borrow().last().unwrap(), "codec wait"); // the LM half not waited for yet
+    assert!(!lane.is_held());
+    let result = w.collect(handle).unwrap();
+    assert!(result.pcm_early && result.pcm.is_empty());
+    assert_eq!(result.stage_seconds.iter().map(|s| s.0).collect::<Vec<_>>(),
+               ["prologue", "handover", "decode", "codec_prologue", "codec_prime", "codec"]);
+    let (log, mut memory, finished) = (Log::default(), Vec::new(), Rc::new(Cell::new(true)));
+    let mut w = deferring(&log, &mut memory, &finished);
+    let mut handle = w.launch(&step()).unwrap();
+    assert!(w.early_pcm(&mut handle).is_none());
+    assert!(w.collect(handle).unwrap().codec_deferred);
 }

@@ -446,29 +446,56 @@ impl StepReader {
         self.pcm.iter().find(|(s, _, _)| *s == stage).expect("a codec stage's PCM field")
     }
 
+    /// Where the out kinds end and the PCM fields begin, when every PCM field lies after the out kinds (the
+    /// layout `step_out` has): the PCM of a step can then be copied back on its own (`pcm_bytes`).
+    fn kinds_end(&self) -> Option<usize> {
+        let pcm_start = self.pcm.iter().map(|(_, f, _)| f.offset).min()?;
+        (self.prefill_kind.end() <= pcm_start && self.decode_kind.end() <= pcm_start).then_some(pcm_start)
+    }
+
     /// Bytes of `step_out` to copy back: the out kinds come first, then each codec launch's rows.
     pub fn download_bytes(&self, launches: &[Launch]) -> usize {
         let mut end = self.pcm[0].1.offset;
-        for l in launches.iter().filter(|l| self.reads_pcm && !l.rows.is_empty()) {
+        for l in self.codec_launches(launches) {
             let (_, field, samples) = self.pcm_field(l.stage);
             end = end.max(field.offset + l.rows.len() * samples * 2);
         }
         end
     }
 
-    pub fn read(&self, h: HostBuf, shape: &PlanShape, launches: &[Launch]) -> StepResult {
-        let kinds = |f: &Field, n: usize| (0..n).map(|i| h.get_i(f, i) as i32).collect::<Vec<_>>();
+    /// The bytes of `step_out` that hold the PCM of the step's codec rows, `[start, end)`, and where the out
+    /// kinds end; None when the step has no codec rows, or the layout does not keep the two apart.
+    pub fn pcm_bytes(&self, launches: &[Launch]) -> Option<(usize, usize, usize)> {
+        let kinds_end = self.kinds_end()?;
+        let fields = || self.codec_launches(launches).map(|l| self.pcm_field(l.stage).1.offset);
+        let start = fields().min()?;
+        Some((start, self.download_bytes(launches), kinds_end))
+    }
+
+    fn codec_launches<'a>(&'a self, launches: &'a [Launch]) -> impl Iterator<Item = &'a Launch> + 'a {
+        launches.iter().filter(|l| self.reads_pcm && l.stage.decodes_windows() && !l.rows.is_empty())
+    }
+
+    /// The PCM of the step's codec rows (one per codec row of the plan) from host buffer `h`.
+    pub fn read_pcm(&self, h: HostBuf, shape: &PlanShape, launches: &[Launch]) -> Vec<Vec<u8>> {
         let mut pcm = vec![Vec::new(); shape.num_frames.len()];
-        for l in launches.iter().filter(|l| self.reads_pcm && !l.rows.is_empty()) {
+        for l in self.codec_launches(launches) {
             let (_, field, samples) = self.pcm_field(l.stage);
             for (i, &row) in l.rows.iter().enumerate() {
                 let n = shape.num_frames[row] as usize * self.samples_per_frame;
                 pcm[row] = h.bytes(field, i * samples * 2, n * 2);
             }
         }
+        pcm
+    }
+
+    /// The step's out kinds and (unless `with_pcm` is false: it was read early) its PCM.
+    pub fn read(&self, h: HostBuf, shape: &PlanShape, launches: &[Launch], with_pcm: bool) -> StepResult {
+        let kinds = |f: &Field, n: usize| (0..n).map(|i| h.get_i(f, i) as i32).collect::<Vec<_>>();
+        let pcm = if with_pcm { self.read_pcm(h, shape, launches) } else { Vec::new() };
         StepResult { step_id: shape.step_id, prefill_kind: kinds(&self.prefill_kind, shape.prefill_rows),
                      decode_kind: kinds(&self.decode_kind, shape.decode_rows), pcm, stage_seconds: Vec::new(),
-                     codec_deferred: false }
+                     codec_deferred: false, pcm_early: !with_pcm }
     }
 }
 

@@ -29,6 +29,12 @@ pub trait Worker {
     fn land(&mut self, _block: bool) -> Vec<LandedCodec> {
         Vec::new()
     }
+    /// The PCM of a launched step's codec rows (one per row), waited for until the device has made it, before
+    /// the step's LM rows finish: None where the step hands its PCM back with its result or later. A step
+    /// whose PCM came early returns none from `collect` (`StepResult::pcm_early`).
+    fn early_pcm(&mut self, _handle: &mut Self::Handle) -> Option<Result<Vec<Vec<u8>>, String>> {
+        None
+    }
 }
 
 pub struct EngineLoop<W: Worker> {
@@ -56,18 +62,50 @@ impl<W: Worker> EngineLoop<W> {
     }
 
     /// One step; false when nothing was launched or collected. A failing step fails only its requests.
+    /// A step whose PCM the worker gives early (`Worker::early_pcm`) hands it to its requests as soon as
+    /// the device has made it; synchronously, such a step is then collected at the start of the next call,
+    /// so that whoever drives the loop sends the audio on while the step's LM rows still run.
     pub fn step(&mut self) -> bool {
         let start = Instant::now();
+        let mut collected = false;
+        if !self.async_lm {
+            if let Some((plan, handle)) = self.in_flight.take() {
+                self.collect(plan, handle);
+                collected = true;
+            }
+        }
         let plan = self.scheduler.schedule();
         let planned = !plan.is_empty();
         let launched = if planned { self.launch(plan, start) } else { None };
-        let previous = if self.async_lm { std::mem::replace(&mut self.in_flight, launched) } else { launched };
-        let collected = previous.is_some();
-        if let Some((plan, handle)) = previous {
+        if let Some((plan, handle)) = std::mem::replace(&mut self.in_flight, launched) {
             self.collect(plan, handle);
+            collected = true;
+        }
+        let early = self.land_early();
+        if !self.async_lm && !early {
+            if let Some((plan, handle)) = self.in_flight.take() {
+                self.collect(plan, handle);
+            }
         }
         self.land(false);
-        planned || (self.async_lm && collected)
+        planned || collected
+    }
+
+    /// The PCM of the step in flight, if its worker gives it before the step ends; whether it did.
+    fn land_early(&mut self) -> bool {
+        let Some((plan, handle)) = self.in_flight.as_mut() else { return false };
+        match self.worker.early_pcm(handle) {
+            None => false,
+            Some(Ok(mut pcm)) => {
+                self.scheduler.land_early(plan, &mut pcm);
+                true
+            }
+            Some(Err(error)) => {
+                eprintln!("vox-serve: the codec rows of step {} failed: {error}", plan.step_id);
+                self.scheduler.fail_chunks(&plan.codec.keys, &error);
+                true
+            }
+        }
     }
 
     fn launch(&mut self, plan: StepPlan, start: Instant) -> Option<(StepPlan, W::Handle)> {
@@ -171,6 +209,7 @@ pub trait StepWorker: Send {
     fn launch_step(&mut self, plan: &StepPlan) -> Result<AnyHandle, String>;
     fn collect_step(&mut self, handle: AnyHandle) -> Result<StepResult, String>;
     fn land_codec(&mut self, block: bool) -> Vec<LandedCodec>;
+    fn early_step_pcm(&mut self, handle: &mut AnyHandle) -> Option<Result<Vec<Vec<u8>>, String>>;
 }
 
 impl<W: Worker + Send> StepWorker for W {
@@ -189,6 +228,13 @@ impl<W: Worker + Send> StepWorker for W {
 
     fn land_codec(&mut self, block: bool) -> Vec<LandedCodec> {
         self.land(block)
+    }
+
+    fn early_step_pcm(&mut self, handle: &mut AnyHandle) -> Option<Result<Vec<Vec<u8>>, String>> {
+        match handle.downcast_mut::<W::Handle>() {
+            Some(handle) => self.early_pcm(handle),
+            None => Some(Err("a step handle of another worker".to_string())),
+        }
     }
 }
 
@@ -211,5 +257,9 @@ impl Worker for BoxWorker {
 
     fn land(&mut self, block: bool) -> Vec<LandedCodec> {
         self.as_mut().land_codec(block)
+    }
+
+    fn early_pcm(&mut self, handle: &mut AnyHandle) -> Option<Result<Vec<Vec<u8>>, String>> {
+        self.as_mut().early_step_pcm(handle)
     }
 }

@@ -137,6 +137,9 @@ pub struct StepResult {
     /// The codec rows' PCM comes later, as a `LandedCodec` (`--overlap-detok`: the codec batch is still
     /// on the device); `pcm` is then empty.
     pub codec_deferred: bool,
+    /// The codec rows' PCM was handed over before the step was collected (`Worker::early_pcm`); `pcm` is
+    /// then empty.
+    pub pcm_early: bool,
 }
 
 /// A codec batch collected after its step (`--overlap-detok`): its PCM (one per codec row of step

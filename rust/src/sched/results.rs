@@ -20,7 +20,7 @@ impl Scheduler {
         }
         if result.codec_deferred {
             self.codec_pending.insert(plan.step_id, plan.codec.clone());
-        } else {
+        } else if !result.pcm_early {
             self.apply_pcm(&plan.codec, &mut result.pcm, now);
         }
         self.retire_drained();
@@ -37,10 +37,22 @@ impl Scheduler {
         Some(launch)
     }
 
+    /// The PCM of a step's codec rows, handed over before the step is collected (`Worker::early_pcm`).
+    pub fn land_early(&mut self, plan: &StepPlan, pcm: &mut [Vec<u8>]) {
+        let now = self.clock.now();
+        self.apply_pcm(&plan.codec, pcm, now);
+        self.retire_drained();
+    }
+
     /// A deferred codec batch failed: fail exactly the requests it carried.
     pub fn fail_codec(&mut self, step_id: i64, error: &str) {
         let keys = self.codec_pending.remove(&step_id).map_or_else(Vec::new, |launch| launch.keys);
-        for key in keys {
+        self.fail_chunks(&keys, error);
+    }
+
+    /// Codec rows whose PCM was lost: their requests fail.
+    pub fn fail_chunks(&mut self, keys: &[ReqKey], error: &str) {
+        for &key in keys {
             if self.get(key).is_some() {
                 self.end(key, RequestStatus::Failed, Some("error".into()), Some(error.to_string()));
             }

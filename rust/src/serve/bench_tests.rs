@@ -9,6 +9,7 @@ use super::bench::{least_loaded, run, Arrival};
 use crate::driver::writer_tests::spec;
 use crate::sched::engine_loop::{EngineLoop, Worker};
 use crate::sched::plan::LandedCodec;
+use crate::sched::base::Event;
 use crate::sched::{Clock, OutKind, Prompt, Request, SamplingParams, Scheduler, SchedulerConfig, StepPlan, StepResult};
 
 /// Every LM row is audio; every codec row gets silence of its length. `panic_at`: the step it panics in.
@@ -34,7 +35,7 @@ impl Worker for MadeUp {
         let pcm = plan.codec.num_frames.iter().map(|&f| vec![1u8; (2 * f as i64 * self.samples_per_frame) as usize]).collect();
         Ok(StepResult { step_id: plan.step_id, prefill_kind: vec![audio; plan.prefill.len()],
                         decode_kind: vec![audio; plan.decode.len()], pcm, stage_seconds: Vec::new(),
-                        codec_deferred: false })
+                        codec_deferred: false, pcm_early: false })
     }
 
     fn collect(&mut self, handle: StepResult) -> Result<StepResult, String> {
@@ -246,4 +247,86 @@ fn codec_batches_the_worker_never_lands_fail_their_requests_instead_of_hanging()
     for o in &outcomes {
         assert_eq!(o.req.error.as_deref(), Some("the worker holds no codec batch of this step"), "{}", o.req.req_id);
     }
+}
+
+/// Hands each step's PCM over early (`Worker::early_pcm`), logging ("early" | "collect", step); with `fail_first`
+/// the first step with codec rows loses its PCM there.
+struct Early {
+    inner: MadeUp,
+    fail_first: bool,
+    log: Vec<(&'static str, i64)>,
+}
+
+impl Worker for Early {
+    type Handle = StepResult;
+
+    fn timer(&self) -> &'static str {
+        "wall"
+    }
+
+    fn launch(&mut self, plan: &StepPlan) -> Result<StepResult, String> {
+        self.inner.launch(plan)
+    }
+
+    fn collect(&mut self, handle: StepResult) -> Result<StepResult, String> {
+        self.log.push(("collect", handle.step_id));
+        Ok(handle)
+    }
+
+    fn early_pcm(&mut self, handle: &mut StepResult) -> Option<Result<Vec<Vec<u8>>, String>> {
+        if handle.pcm.is_empty() {
+            return None;
+        }
+        self.log.push(("early", handle.step_id));
+        handle.pcm_early = true;
+        let pcm = std::mem::take(&mut handle.pcm);
+        if std::mem::take(&mut self.fail_first) {
+            return Some(Err("a made-up lost copy".to_string()));
+        }
+        Some(Ok(pcm))
+    }
+}
+
+fn early(fail_first: bool, async_lm: bool) -> Option<EngineLoop<Early>> {
+    let mut lp = looped(Early { inner: made_up(None), fail_first, log: Vec::new() })?;
+    lp.async_lm = async_lm;
+    Some(lp)
+}
+
+#[test]
+fn pcm_handed_over_early_goes_out_before_its_step_is_collected_and_the_audio_is_the_same() {
+    let (_, serial, _) = run(vec![replica(None)], arrivals(&[0.0, 0.0, 0.0, 0.05]));
+    for async_lm in [false, true] {
+        let mut lp = early(false, async_lm).unwrap();
+        for a in arrivals(&[0.0, 0.0]) {
+            lp.scheduler.add_request(a.req).unwrap();
+        }
+        let mut chunks = 0;
+        while lp.busy() {
+            lp.poll();
+            let audio = lp.scheduler.events.drain(..).filter(|e| matches!(e, Event::Audio { .. })).count();
+            if audio > 0 {
+                let &(what, step) = lp.worker.log.iter().rev().find(|(w, _)| *w == "early").unwrap();
+                assert!(!lp.worker.log.contains(&("collect", step)), "{what} {step}: collected before its audio went out");
+                chunks += audio;
+            }
+        }
+        assert!(chunks > 2);
+        lp.scheduler.check_idle().unwrap();
+
+        let (loops, outcomes, _) = run(vec![early(false, async_lm)], arrivals(&[0.0, 0.0, 0.0, 0.05]));
+        loops[0].as_ref().unwrap().scheduler.check_idle().unwrap();
+        for (e, s) in outcomes.iter().zip(&serial) {
+            assert_eq!((e.req.finish_reason.as_deref(), e.req.error.as_deref()), (Some("length"), None));
+            assert_eq!((&e.pcm, e.chunks.len()), (&s.pcm, s.chunks.len()), "{} async {async_lm}", e.req.req_id);
+        }
+    }
+}
+
+#[test]
+fn pcm_lost_on_its_early_hand_over_fails_exactly_the_requests_of_those_rows() {
+    let (loops, outcomes, _) = run(vec![early(true, false)], arrivals(&[0.0, 0.1]));
+    loops[0].as_ref().unwrap().scheduler.check_idle().unwrap();
+    assert_eq!(outcomes[0].req.error.as_deref(), Some("a made-up lost copy"));
+    assert_eq!((outcomes[1].req.finish_reason.as_deref(), outcomes[1].req.error.as_deref()), (Some("length"), None));
 }

@@ -1,5 +1,6 @@
 //! Launches on a CUDA device: one host-to-device copy of step_in, graphs launched by their exec
-//! handles through the driver API, one device-to-host copy of step_out with an event behind it.
+//! handles through the driver API, one device-to-host copy of step_out with an event behind it (two where
+//! the PCM of a step's codec rows is copied back as soon as they are decoded, `EngineWorker::early_pcm`).
 //! Captured LM launches are planned here: FlashInfer's by its planners compiled into the extension
 //! (`attention_plan.rs`), the torch backend's need no plan (its graphs gather every page column).
 //! Stages the spec gives as callables (an eager prefill, --disable-cuda-graph) and their attention
@@ -28,6 +29,8 @@ pub struct CudaLauncher {
     graphs: HashMap<(Stage, usize), u64>,
     handles: PyHandles,
     done: Vec<Event>,
+    /// Behind each step's early copy of its PCM (`download_early`).
+    early: Vec<Event>,
     /// (parity, stage) -> events around the launch, when stage times are measured.
     timing: Option<HashMap<(usize, Stage), (Event, Event)>>,
     /// Who plans captured LM launches.
@@ -91,7 +94,8 @@ impl CudaLauncher {
             }
         }
         let buffers = spec.step_in.host_ptrs.len();
-        let done = (0..buffers).map(|_| Event::new(device, false)).collect::<Result<Vec<_>, _>>().map_err(err)?;
+        let events = || (0..buffers).map(|_| Event::new(device, false)).collect::<Result<Vec<_>, _>>().map_err(err);
+        let (done, early) = (events()?, events()?);
         let timing = if time_stages {
             let mut t = HashMap::new();
             for p in 0..buffers {
@@ -106,7 +110,7 @@ impl CudaLauncher {
         let planning = GraphPlanning::of(spec, device);
         Ok(CudaLauncher { device, stream, in_dev: spec.step_in.device_ptr, in_host: spec.step_in.host_ptrs.clone(),
                           out_dev: spec.step_out.device_ptr, out_host: spec.step_out.host_ptrs.clone(), graphs,
-                          handles, done, timing, planning })
+                          handles, done, early, timing, planning })
     }
 
     pub fn planning(&self) -> &GraphPlanning {
@@ -157,6 +161,16 @@ impl Launcher for CudaLauncher {
     fn download(&mut self, parity: usize, nbytes: usize) -> Result<(), String> {
         cuda::memcpy_dtoh_async(self.device, self.out_host[parity], self.out_dev, nbytes, self.stream).map_err(err)?;
         self.done[parity].record(self.stream).map_err(err)
+    }
+
+    fn download_early(&mut self, parity: usize, offset: usize, nbytes: usize) -> Result<(), String> {
+        let (dst, src) = (self.out_host[parity] + offset as u64, self.out_dev + offset as u64);
+        cuda::memcpy_dtoh_async(self.device, dst, src, nbytes, self.stream).map_err(err)?;
+        self.early[parity].record(self.stream).map_err(err)
+    }
+
+    fn wait_early(&mut self, parity: usize) -> Result<(), String> {
+        self.early[parity].synchronize().map_err(err)
     }
 
     fn done(&mut self, parity: usize) -> Result<bool, String> {

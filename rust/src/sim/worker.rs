@@ -240,7 +240,7 @@ impl Worker for SimWorker {
         let start = self.clock.now().max(self.device_free_at);
         self.device_free_at = start + stages.iter().map(|(_, s)| s).sum::<f64>();
         let result = StepResult { step_id: plan.step_id, prefill_kind, decode_kind, pcm, stage_seconds: stages,
-                                  codec_deferred: false };
+                                  codec_deferred: false, pcm_early: false };
         Ok(SimHandle { result, done: self.device_free_at })
     }
 
