@@ -38,6 +38,9 @@ class Worker(Protocol):
 
     def read_outputs(self, slot: int, num_tokens: int, num_codes: int) -> tuple[list[list[int]], list[int]]: ...
 
+    # Optional: `early_pcm(handle) -> list[bytes | memoryview] | None`, the PCM of a launched step's codec rows
+    # once the device has made it, before the step's LM rows end (None: it comes with the step's result).
+
 
 class EngineLoop:
     def __init__(self, scheduler: Scheduler, worker: Worker, async_scheduling: bool | None = None,
@@ -66,8 +69,16 @@ class EngineLoop:
         return self.scheduler.has_work() or self._in_flight is not None
 
     def step(self) -> bool:
-        """One step; False when nothing was launched or collected. A failing step fails only its requests."""
+        """One step; False when nothing was launched or collected. A failing step fails only its requests.
+
+        A step whose PCM the worker gives early (`early_pcm`) hands it to its requests as soon as the device
+        has made it; synchronously, such a step is then collected at the start of the next call, so that the
+        caller sends the audio on while the step's LM rows still run."""
         start = time.perf_counter()
+        collected = False
+        if not self.async_scheduling and self._in_flight is not None:
+            self.drain()
+            collected = True
         with nvtx_range("schedule", self.nvtx):
             plan = self.scheduler.schedule()
         launched = None
@@ -76,14 +87,30 @@ class EngineLoop:
             if self.tracer is not None:
                 self.tracer.decision(self.scheduler, plan, time.perf_counter() - start)
             launched = self._launch(plan)
-        if not self.async_scheduling:
-            if launched is not None:
-                self._collect(*launched)
-            return not plan.is_empty
         previous, self._in_flight = self._in_flight, launched
         if previous is not None:
             self._collect(*previous)
-        return not plan.is_empty or previous is not None
+            collected = True
+        if not self._land_early() and not self.async_scheduling:
+            self.drain()
+        return not plan.is_empty or collected
+
+    def _land_early(self) -> bool:
+        """The PCM of the step in flight, if the worker gives it before the step ends; whether it did."""
+        early = getattr(self.worker, "early_pcm", None)
+        if self._in_flight is None or early is None:
+            return False
+        plan, handle = self._in_flight
+        try:
+            pcm = early(handle)
+        except Exception as exc:
+            log.error("the codec rows of step %d failed: %s", plan.step_id, exc)
+            self.scheduler.fail_chunks(plan.codec.req_ids, f"{type(exc).__name__}: {exc}")
+            return True
+        if pcm is None:
+            return False
+        self.scheduler.land_early(plan, pcm)
+        return True
 
     def drain(self) -> None:
         """Collect the step in flight, if any."""

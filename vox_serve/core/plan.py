@@ -228,3 +228,4 @@ class StepResult:
     decode_kind: np.ndarray = field(default_factory=lambda: _i32([]))
     pcm: list[bytes | memoryview] = field(default_factory=list)  # a runtime may hand out views of one copy
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    pcm_early: bool = False  # the PCM was handed over before the step was collected (`early_pcm`); `pcm` is empty

@@ -226,12 +226,29 @@ class StepReader:
                 end = max(end, self.offsets[f"{launch.stage}_pcm"] + rows)
         return end
 
-    def read(self, h: HostViews, plan: StepPlan, launches: list[Launch]) -> StepResult:
+    def pcm_bytes(self, launches: list[Launch]) -> tuple[int, int] | None:
+        """The bytes of `step_out` that hold the PCM of the step's codec rows, `[start, end)` (the out kinds end
+        at the first PCM field); None for a step without codec rows."""
+        starts = [self.offsets[f"{launch.stage}_pcm"] for launch in launches if launch.rows is not None]
+        return (min(starts), self.download_bytes(launches)) if starts else None
+
+    def kinds_bytes(self) -> int:
+        """The bytes of `step_out` before its first PCM field: the out kinds."""
+        return min(v for k, v in self.offsets.items() if k.endswith("_pcm"))
+
+    def read(self, h: HostViews, plan: StepPlan, launches: list[Launch], with_pcm: bool = True) -> StepResult:
+        """The step's out kinds and (unless `with_pcm` is False: it was read early, `read_pcm`) its PCM."""
         result = StepResult(plan.step_id, prefill_kind=h["prefill_kind"][: len(plan.prefill)].copy(),
-                            decode_kind=h["decode_kind"][: len(plan.decode)].copy())
+                            decode_kind=h["decode_kind"][: len(plan.decode)].copy(), pcm_early=not with_pcm)
+        if with_pcm:
+            result.pcm = self.read_pcm(h, plan, launches)
+        return result
+
+    def read_pcm(self, h: HostViews, plan: StepPlan, launches: list[Launch]) -> list[bytes | memoryview]:
+        """The PCM of the step's codec rows (one per codec row of the plan)."""
         if not len(plan.codec):
-            return result
-        pcm: list[memoryview] = [_NO_PCM] * len(plan.codec)
+            return []
+        pcm: list[bytes | memoryview] = [_NO_PCM] * len(plan.codec)
         row_bytes = (plan.codec.num_frames.astype(np.int64) * (2 * self.meta.samples_per_frame)).tolist()
         for launch in launches:
             if launch.rows is None:
@@ -243,5 +260,4 @@ class StepReader:
             block, width = memoryview(out[: len(rows)].tobytes()), out.shape[1] * 2
             for i, row in enumerate(rows):
                 pcm[row] = block[i * width : i * width + row_bytes[row]]
-        result.pcm = pcm
-        return result
+        return pcm

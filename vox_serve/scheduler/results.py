@@ -51,10 +51,22 @@ class StepResults:
             self._apply(flight.prefill_slots, flight.prefill_occupancy, flight.prefill_sample, result.prefill_kind,
                         now, flight.changes)
             self._apply(flight.decode_slots, flight.decode_occupancy, None, result.decode_kind, now, flight.changes)
-        if plan.codec:
+        if plan.codec and not result.pcm_early:
             self._on_audio(plan.codec.req_ids, result.pcm, now)
         self._retire_drained()
         self.pages.free_landed(self._flights)
+
+    def land_early(self, plan: StepPlan, pcm: list[bytes | memoryview]) -> None:
+        """The PCM of a step's codec rows, handed over before the step is collected (the worker's `early_pcm`)."""
+        self._on_audio(plan.codec.req_ids, pcm, self.clock())
+        self._retire_drained()
+
+    def fail_chunks(self, req_ids: list[str], error: str) -> None:
+        """Codec rows whose PCM was lost: their requests fail."""
+        for req_id in req_ids:
+            req = self.requests.get(req_id)
+            if req is not None:
+                self._end(req, RequestStatus.FAILED, "error", error)
 
     def _apply(self, slots: np.ndarray, occupancy: np.ndarray, sample: np.ndarray | None, kinds: np.ndarray,
                now: float, changes: int) -> None:

@@ -6,13 +6,16 @@ where nothing is captured: every stage on a CPU, prefill with an eager attention
 the attention planner by handle. Per step: write the plan into the current pinned host buffer
 (`rt/step_writer.py`), one host-to-device copy, plan and launch each stage, one device-to-host
 copy of the outputs. `launch(plan)` returns at once on a GPU; `collect(handle)` waits for the step
-and reads its outputs (`execute` does both). Host buffers alternate between steps, so with
+and reads its outputs (`execute` does both). The PCM of a step's codec rows is copied back right after
+their launches, with an event behind it, so `early_pcm(handle)` hands it over while the step's LM launches
+still run (`VOX_EARLY_PCM=0`: with the other outputs, an A/B switch). Host buffers alternate between steps, so with
 asynchronous scheduling step k+1 is written while step k runs.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -51,6 +54,8 @@ class StepHandle:
     parity: int
     result: StepResult | None = None  # read at launch when the device is the host (CPU)
     seconds: dict[str, float] = field(default_factory=dict)
+    pcm_early: bool = False  # the PCM of the codec rows was copied back right after their launches
+    pcm_taken: bool = False  # ... and handed over by `early_pcm`
 
 
 class EngineWorker:
@@ -75,6 +80,7 @@ class EngineWorker:
         self.plan_attention = resolve_planner(spec["attention"]["planner"])
         self.tables = spec["slot_state"]["tables"]
         self._steps = 0
+        self.early = early_pcm_enabled()
         self.cuda = None
         keep_freed_buffers()  # each step's audio is a fresh copy (StepReader.read)
         if self.on_cuda:
@@ -101,6 +107,7 @@ class EngineWorker:
         self.stream = self._torch_stream.cuda_stream
         with device_scope(device):  # events belong to the engine's device (a codec half's is not the first)
             self._done = [self.cuda.event(timing=False) for _ in self.h_in]
+            self._early = [self.cuda.event(timing=False) for _ in self.h_in]
             self._events = {(p, s, edge): self.cuda.event(timing=True) for p in range(len(self.h_in))
                             for s in Stage for edge in (0, 1)}
 
@@ -110,10 +117,35 @@ class EngineWorker:
 
     def launch(self, plan: StepPlan) -> StepHandle:
         handle = self.begin(plan)
-        for launch in handle.launches:
+        last_codec = max((i for i, launch in enumerate(handle.launches) if launch.rows is not None), default=-1)
+        for i, launch in enumerate(handle.launches):
             self.run(launch, handle)
+            if i == last_codec and self.early:
+                self._copy_pcm_early(handle)
         self.finish(handle)
         return handle
+
+    def _copy_pcm_early(self, handle: StepHandle) -> None:
+        """The PCM of the step's codec rows back to the host before its LM launches, an event behind it."""
+        handle.pcm_early = True
+        if self.cuda is None:  # read with the rest of the outputs once the step's calls have returned
+            return
+        start, end = self.reader.pcm_bytes(handle.launches)
+        host, device = self._out["host_ptrs"][handle.parity], self._out["device_ptr"]
+        self.cuda.copy(host + start, device + start, end - start, 2, self.stream)
+        self.cuda.record(self._early[handle.parity], self.stream)
+
+    def early_pcm(self, handle: StepHandle) -> list[bytes | memoryview] | None:
+        """The PCM of a step's codec rows once copied back (`_copy_pcm_early`), before the step ends; None where
+        it comes with the step's result. The step's result then carries none (`StepResult.pcm_early`)."""
+        if not handle.pcm_early or handle.pcm_taken:
+            return None
+        handle.pcm_taken = True
+        if handle.result is not None:  # the host device: read at launch
+            pcm, handle.result.pcm, handle.result.pcm_early = handle.result.pcm, [], True
+            return pcm
+        self.cuda.synchronize(self._early[handle.parity])
+        return self.reader.read_pcm(self.h_out[handle.parity], handle.plan, handle.launches)
 
     # The parts of `launch`, for a runtime that interleaves two engines' steps (worker/disagg_worker.py).
     def begin(self, plan: StepPlan) -> StepHandle:
@@ -131,7 +163,7 @@ class EngineWorker:
         if self.cuda is None:
             handle.result = self.reader.read(self.h_out[0], handle.plan, handle.launches)
             return
-        down = self.reader.download_bytes(handle.launches)
+        down = self.reader.kinds_bytes() if handle.pcm_early else self.reader.download_bytes(handle.launches)
         self.cuda.copy(self._out["host_ptrs"][handle.parity], self._out["device_ptr"], down, 2, self.stream)
         self.cuda.record(self._done[handle.parity], self.stream)
 
@@ -165,7 +197,8 @@ class EngineWorker:
     def collect(self, handle: StepHandle) -> StepResult:
         if handle.result is None:
             self.cuda.synchronize(self._done[handle.parity])
-            handle.result = self.reader.read(self.h_out[handle.parity], handle.plan, handle.launches)
+            h = self.h_out[handle.parity]
+            handle.result = self.reader.read(h, handle.plan, handle.launches, with_pcm=not handle.pcm_taken)
             if self.time_stages:
                 e = self._events
                 handle.seconds = {str(x.stage): self.cuda.elapsed_ms(e[(handle.parity, x.stage, 0)],
@@ -190,3 +223,11 @@ class EngineWorker:
         self.cuda.copy(out.ctypes.data, t["ptr"], t["nbytes"], 2, self.stream)
         self.cuda.stream_synchronize(self.stream)
         return out
+
+
+def early_pcm_enabled() -> bool:
+    """`VOX_EARLY_PCM`: 1 (the default) hands each step's PCM over as soon as it is decoded, 0 with the step."""
+    value = os.environ.get("VOX_EARLY_PCM", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"VOX_EARLY_PCM={value!r}: expected 1 (the default) or 0")
+    return value == "1"
