@@ -74,11 +74,11 @@ class EngineLoop:
         A step whose PCM the worker gives early (`early_pcm`) hands it to its requests as soon as the device
         has made it; synchronously, such a step is then collected at the start of the next call, so that the
         caller sends the audio on while the step's LM rows still run."""
-        start = time.perf_counter()
         collected = False
         if not self.async_scheduling and self._in_flight is not None:
             self.drain()
             collected = True
+        start = time.perf_counter()
         with nvtx_range("schedule", self.nvtx):
             plan = self.scheduler.schedule()
         launched = None

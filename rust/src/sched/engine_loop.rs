@@ -66,7 +66,6 @@ impl<W: Worker> EngineLoop<W> {
     /// the device has made it; synchronously, such a step is then collected at the start of the next call,
     /// so that whoever drives the loop sends the audio on while the step's LM rows still run.
     pub fn step(&mut self) -> bool {
-        let start = Instant::now();
         let mut collected = false;
         if !self.async_lm {
             if let Some((plan, handle)) = self.in_flight.take() {
@@ -74,6 +73,7 @@ impl<W: Worker> EngineLoop<W> {
                 collected = true;
             }
         }
+        let start = Instant::now();
         let plan = self.scheduler.schedule();
         let planned = !plan.is_empty();
         let launched = if planned { self.launch(plan, start) } else { None };
