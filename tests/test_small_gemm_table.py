@@ -38,6 +38,12 @@ def test_packaged_tables_parse_to_valid_configurations(path: Path) -> None:
             assert block & (block - 1) == 0  # Triton's blocks are powers of two
 
 
+@pytest.mark.parametrize("name", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+def test_the_gpus_we_measured_on_have_a_packaged_table(name: str) -> None:
+    """torch.cuda.get_device_name() of the cards of benchmark/results (an H100's table since h100-2026-12-07)."""
+    assert small_gemm.table_path(name).is_file()
+
+
 def test_benchmark_candidates_respect_the_register_and_unroll_limits() -> None:
     sys.path.insert(0, str(ROOT / "benchmark"))
     try:
