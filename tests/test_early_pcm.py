@@ -117,3 +117,15 @@ def test_a_lost_early_copy_fails_exactly_the_requests_of_its_rows(tiny_orpheus_d
     assert (reqs[0].finish_reason, reqs[0].error) == ("error", "RuntimeError: a made-up lost copy")
     assert (reqs[1].finish_reason, reqs[1].error) == ("length", None) and reqs[1].extra["chunks"]
     assert not loop.busy and not loop.scheduler.requests
+
+
+def test_vox_early_pcm_takes_0_or_1_and_refuses_anything_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vox_serve.worker.engine_worker import early_pcm_enabled
+
+    monkeypatch.delenv("VOX_EARLY_PCM", raising=False)
+    assert early_pcm_enabled()
+    monkeypatch.setenv("VOX_EARLY_PCM", "0")
+    assert not early_pcm_enabled()
+    monkeypatch.setenv("VOX_EARLY_PCM", "yes")
+    with pytest.raises(ValueError, match="VOX_EARLY_PCM='yes': expected 1"):
+        early_pcm_enabled()
