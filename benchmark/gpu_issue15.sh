@@ -6,9 +6,10 @@
 #      steps (benchmark/gpu_ttfa_trace.sh), Orpheus' with and without the early hand-over of each step's PCM;
 #   2. the GPU tier's checks that the Rust runtime's WAVs equal the Python runtime's (Orpheus-tiny, Qwen3-TTS-tiny:
 #      the early PCM copy) and --async-engines' the whole engine's (Orpheus-tiny);
-#   3. Orpheus' captured decode step at 1 row with the packaged table and with that table plus one entry (its
-#      gate/up projection as rt/small_gemm's norm_gated kernel: the residual add, the norm and the SwiGLU gate
-#      folded in; 1.02x alone on an H200, under the table's 1.03 bar, never measured in the step);
+#   3. Orpheus' captured decode step at 1 row with the card's packaged small-GEMM table and with that table
+#      toggled at one entry: its 1-row gate/up projection as rt/small_gemm's norm_gated kernel (the residual add,
+#      the norm and the SwiGLU gate folded in). The H100 table has it (2.590 against 2.668 graph ms,
+#      benchmark/results/h100-2026-12-07); the H200 table lacks it (1.02x alone there, never timed in the step);
 #   4. Orpheus' offline workload with --overlap-detok --codec-sms 48 (the codec half on a 48-SM partition).
 # Each part runs while time is left of LIMIT seconds (default 540), so a short device budget still brings back
 # the first ones. Usage (repo root, carrying .whl from benchmark/gpu_wheels.sh, vox_serve/_rt.abi3.so from
@@ -16,10 +17,13 @@
 #   VOX_GIT_COMMIT=$(git rev-parse --short HEAD) LIMIT=540 bash benchmark/gpu_issue15.sh
 set -u
 cd "$(dirname "$0")/.."
-export VOX_SMALL_GEMM_TABLE=${VOX_SMALL_GEMM_TABLE:-vox_serve/rt/small_gemm_tables/nvidia-h200.json}
 LIMIT=${LIMIT:-540}
 source benchmark/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+# the card's packaged table (rt/small_gemm.py table_path), unless VOX_SMALL_GEMM_TABLE names another
+TABLE=${VOX_SMALL_GEMM_TABLE:-$(python3 -c 'import torch; from vox_serve.rt.small_gemm import table_path
+print(table_path(torch.cuda.get_device_name(0)))')}
+[ -f "$TABLE" ] || { echo "no small-GEMM table for this card ($TABLE): the unfused ops run"; }
 left() { echo $((LIMIT - SECONDS)); }
 offline() {  # model tag flags...: one offline run of the Rust runtime, while at least 60 s are left
   local model=$1 tag=$2; shift 2
@@ -45,19 +49,21 @@ offline orpheus overlap --overlap-detok
 offline qwen3-tts whole
 ttfa qwen3-tts
 offline qwen3-tts async --async-engines
-# the packaged table plus Orpheus' gate/up at 1 row as norm_gated: [2, 512, 4, 0, 3, 0], the best configuration of
-# benchmark/results/h200-2026-12-03/small_gemm.txt
-GATED=/tmp/orpheus-gated-table.json
-python3 - "$VOX_SMALL_GEMM_TABLE" "$GATED" <<'PY'
+# the table toggled at Orpheus' gate/up at 1 row as norm_gated ([2, 512, 4, 0, 3, 0], the best configuration of
+# benchmark/results/h200-2026-12-03/small_gemm.txt): added where the table lacks it, removed where it has it
+TOGGLED=/tmp/orpheus-gate-up-toggled.json
+[ -f "$TABLE" ] && python3 - "$TABLE" "$TOGGLED" <<'PY'
 import json, sys
 table = json.load(open(sys.argv[1]))
 entry = {"kind": "gated", "dtype": "bfloat16", "rows": 1, "n": 8192, "k": 3072, "config": [2, 512, 4, 0, 3, 0]}
-table["entries"].append(entry)
+same = [e for e in table["entries"] if {k: e[k] for k in ("kind", "rows", "n", "k")} == {k: entry[k] for k in ("kind", "rows", "n", "k")}]
+table["entries"] = [e for e in table["entries"] if e not in same] if same else table["entries"] + [entry]
+print("toggled table:", "without" if same else "with", "the 1-row gate/up as norm_gated")
 json.dump(table, open(sys.argv[2], "w"))
 PY
 A="--model orpheus --load-format dummy --device cuda --max-model-len 1152 --max-batch-size 256 --max-codec-batch 256"
-for table in "$VOX_SMALL_GEMM_TABLE" "$GATED"; do
-  [ "$(left)" -gt 50 ] || break
+for table in "$TABLE" "$TOGGLED"; do
+  [ -f "$table" ] && [ "$(left)" -gt 50 ] || continue
   name=decode_orpheus_$(basename "$table" .json).txt
   VOX_SMALL_GEMM_TABLE=$table STAGES=decode BATCHES=1 TOP=14 timeout "$(left)" python3 benchmark/profile_stages.py \
     $A > "$OUT/$name" 2>&1
