@@ -63,10 +63,11 @@ def _serve(loop: EngineLoop, log: list[tuple[str, int | str]], sent: list[str]) 
         sent.clear()
 
 
-def _generate(ckpt: Path, monkeypatch: pytest.MonkeyPatch, early: bool, async_scheduling: bool):  # noqa: ANN202
+def _generate(ckpt: Path, monkeypatch: pytest.MonkeyPatch, early: bool, async_scheduling: bool,  # noqa: ANN202
+              disaggregated: bool = False):
     monkeypatch.setenv("VOX_EARLY_PCM", "1" if early else "0")
     program, config = make_program(ckpt, frames_per_chunk=2)
-    loop = make_loop(program, config, async_scheduling=async_scheduling)
+    loop = make_loop(program, config, async_scheduling=async_scheduling, disaggregated=disaggregated)
     log: list[tuple[str, int | str]] = []
     sent: list[str] = []
     _logged(loop, log)
@@ -79,11 +80,13 @@ def _generate(ckpt: Path, monkeypatch: pytest.MonkeyPatch, early: bool, async_sc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("async_scheduling,disaggregated", [(False, False), (True, False), (False, True)],
+                         ids=["sync", "async", "disaggregated"])
 def test_pcm_handed_over_early_goes_out_before_its_step_is_collected_and_is_the_same(
-        tiny_orpheus_dir: Path, monkeypatch: pytest.MonkeyPatch, async_scheduling: bool) -> None:
-    late, late_log = _generate(tiny_orpheus_dir, monkeypatch, False, async_scheduling)
-    early, log = _generate(tiny_orpheus_dir, monkeypatch, True, async_scheduling)
+        tiny_orpheus_dir: Path, monkeypatch: pytest.MonkeyPatch, async_scheduling: bool, disaggregated: bool) -> None:
+    """The disaggregated worker (both halves on the CPU) hands over its codec half's PCM, collected first."""
+    late, late_log = _generate(tiny_orpheus_dir, monkeypatch, False, async_scheduling, disaggregated)
+    early, log = _generate(tiny_orpheus_dir, monkeypatch, True, async_scheduling, disaggregated)
     assert not any(what == "early" for what, _ in late_log)
     for a, b in zip(early, late, strict=True):
         assert a.tokens == b.tokens and a.num_generated == a.sampling.max_tokens

@@ -11,7 +11,8 @@ updates, the codec rows (whose windows it gathers) and the LM rows; the codec ha
 
 The codec half is queued before the LM half's prefill and decode, so on two GPUs the codec's work of
 step k overlaps the LM's. On a CPU the same calls run in that order and the copy is an explicit copy
-between the two halves' arenas. The result joins the LM half's out kinds and the codec half's PCM.
+between the two halves' arenas. The result joins the LM half's out kinds and the codec half's PCM; the codec
+half is collected first, its PCM handed over before the LM half ends (`early_pcm`).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class DisaggregatedHandle:
     plan: StepPlan
     lm: StepHandle
     codec: StepHandle
+    codec_result: StepResult | None = None  # the codec half, collected early (`early_pcm`), its PCM handed over
 
 
 class DisaggregatedWorker:
@@ -152,12 +154,24 @@ class DisaggregatedWorker:
             self.lm.finish(lm)
         return DisaggregatedHandle(plan, lm, codec)
 
+    def early_pcm(self, handle: DisaggregatedHandle) -> list[bytes | memoryview] | None:
+        """The codec half collected as soon as it is done, its PCM handed over while the LM half still runs
+        (None: no codec rows, or `VOX_EARLY_PCM=0`). A failed codec half fails its rows' requests only."""
+        if not self.lm.early or not len(handle.plan.codec) or handle.codec_result is not None:
+            return None
+        handle.codec_result = StepResult(handle.plan.step_id, pcm_early=True)
+        with device_scope(self.codec.spec["device"]):
+            codec = self.codec.collect(handle.codec)
+        handle.codec_result = dataclasses.replace(codec, pcm=[], pcm_early=True)
+        return codec.pcm
+
     def collect(self, handle: DisaggregatedHandle) -> StepResult:
-        lm, codec = self.lm.collect(handle.lm), self.codec.collect(handle.codec)
+        lm = self.lm.collect(handle.lm)
+        codec = handle.codec_result or self.codec.collect(handle.codec)
         seconds = {("handover" if s in CODEC_WINDOW_STAGES else s): t for s, t in lm.stage_seconds.items()}
         seconds.update({("codec_prologue" if s == Stage.PROLOGUE else s): t for s, t in codec.stage_seconds.items()})
         return StepResult(handle.plan.step_id, prefill_kind=lm.prefill_kind, decode_kind=lm.decode_kind,
-                          pcm=codec.pcm, stage_seconds=seconds)
+                          pcm=codec.pcm, stage_seconds=seconds, pcm_early=codec.pcm_early)
 
     def read_outputs(self, slot: int, num_tokens: int, num_codes: int) -> tuple[list[list[int]], list[int]]:
         """The slot's tokens and codes, from the LM half (which makes them)."""

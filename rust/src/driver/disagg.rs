@@ -337,7 +337,7 @@ impl<L: Launcher, X: HandoverCopy> Worker for DisaggregatedWorker<L, X> {
     /// Not deferring, the codec half's step is collected as soon as it is done, its lane turn given back, and
     /// its PCM handed over while the LM half still runs.
     fn early_pcm(&mut self, handle: &mut DisaggregatedHandle) -> Option<Result<Vec<Vec<u8>>, String>> {
-        if self.defers_codec() || !handle.codec_rows {
+        if self.defers_codec() || !handle.codec_rows || !self.lm.gives_early_pcm() {
             return None;
         }
         let collected = self.codec.collect(handle.codec.take()?);

@@ -87,6 +87,10 @@ impl<L: Launcher> EngineWorker<L> {
         self
     }
 
+    pub fn gives_early_pcm(&self) -> bool {
+        self.early
+    }
+
     // The parts of `Worker::launch`, for a worker that interleaves two engines' steps (`disagg.rs`).
 
     /// The host buffer the next step will be written into.
