@@ -29,13 +29,23 @@ def test_configurations_round_trip_and_old_tables_read_with_defaults() -> None:
 def test_packaged_tables_parse_to_valid_configurations(path: Path) -> None:
     data = json.loads(path.read_text())
     assert small_gemm.table_path(data["device"]) == path
-    table = small_gemm.table_from_json(data["entries"])
-    assert table and len(table) == len(data["entries"])
+    own = small_gemm.table_from_json(data["entries"])
+    assert own and len(own) == len(data["entries"])
+    table = small_gemm.read_table(path)  # with the table it extends, if any
+    assert table.items() >= own.items()
     for (kind, dtype, rows, n, k), config in table.items():
         assert Kind(kind) and dtype == "bfloat16" and rows == small_gemm.rows_bucket(rows) <= small_gemm.MAX_ROWS
         assert n > 0 and k > 0 and config.warps in (1, 2, 4, 8) and config.stages >= 1
         for block in (config.block_n, config.block_k):
             assert block & (block - 1) == 0  # Triton's blocks are powers of two
+
+
+def test_an_extending_table_is_its_base_with_its_own_entries_on_top() -> None:
+    h100 = small_gemm.read_table(small_gemm.table_path("NVIDIA H100 80GB HBM3"))
+    h200 = small_gemm.read_table(small_gemm.table_path("NVIDIA H200"))
+    gate_up = ("gated", "bfloat16", 1, 8192, 3072)
+    assert gate_up in h100 and gate_up not in h200
+    assert {k: v for k, v in h100.items() if k != gate_up} == h200
 
 
 @pytest.mark.parametrize("name", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])

@@ -23,8 +23,9 @@ the 1 / rms scale, so results differ from the unfused ops by about one rounding 
 a few 1e-3 relative).
 
 Which kernel serves a shape is measured, not guessed: a table per GPU model
-(`small_gemm_tables/<model>.json`, written by `benchmark/small_gemm.py --table`) gives the block sizes for
-(kind, dtype, rows bucket, N, K), and a shape it lacks, or a GPU without a table, runs the unfused ops.
+(`small_gemm_tables/<model>.json`, written by `benchmark/small_gemm.py --table`, or extending another card's table)
+gives the block sizes for (kind, dtype, rows bucket, N, K), and a shape it lacks, or a GPU without a table, runs
+the unfused ops.
 `VOX_SMALL_GEMM=0` turns the kernels off, `VOX_SMALL_GEMM_TABLE` names a JSON table to use instead (one
 measured on another GPU).
 Tests run the kernels through Triton's interpreter on the CPU with a forced configuration (`forced`).
@@ -112,6 +113,14 @@ def table_from_json(entries: list[dict]) -> dict[Key, BlockConfig]:
             for e in entries}
 
 
+def read_table(path: Path) -> dict[Key, BlockConfig]:
+    """A table file; one with `"extends": "<packaged table>.json"` is that table with its own entries on top
+    (another card of the same architecture, where a few shapes measured otherwise)."""
+    data = json.loads(path.read_text())
+    base = read_table(TABLES_DIR / data["extends"]) if "extends" in data else {}
+    return base | table_from_json(data["entries"])
+
+
 def table_path(device_name: str) -> Path:
     """The packaged table of a GPU model: "NVIDIA H200" -> small_gemm_tables/nvidia-h200.json."""
     return TABLES_DIR / (re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") + ".json")
@@ -125,7 +134,7 @@ def _table(device_index: int) -> dict[Key, BlockConfig]:
     path = Path(os.environ.get("VOX_SMALL_GEMM_TABLE") or table_path(torch.cuda.get_device_name(device_index)))
     if not path.is_file():
         return {}
-    return table_from_json(json.loads(path.read_text())["entries"])
+    return read_table(path)
 
 
 def _config(x: Tensor, weight: Tensor, kind: Kind, n: int) -> BlockConfig | None:

@@ -213,13 +213,14 @@ class StepReader:
 
     def __init__(self, meta: ProgramMeta, limits: EngineLimits, offsets: dict[str, int]) -> None:
         self.meta, self.limits, self.offsets = meta, limits, offsets
+        self.kinds_end = min(v for k, v in offsets.items() if k.endswith("_pcm"))  # the out kinds come first
 
     def _pcm_row_bytes(self, stage: Stage) -> int:
         frames = self.limits.first_frames if stage is Stage.CODEC_FIRST else self.limits.frames_per_chunk
         return 2 * frames * self.meta.samples_per_frame
 
     def download_bytes(self, launches: list[Launch]) -> int:
-        end = self.offsets["codec_pcm"]  # the out kinds come first
+        end = self.kinds_end
         for launch in launches:
             if launch.rows is not None:
                 rows = len(launch.rows) * self._pcm_row_bytes(launch.stage)
@@ -231,10 +232,6 @@ class StepReader:
         at the first PCM field); None for a step without codec rows."""
         starts = [self.offsets[f"{launch.stage}_pcm"] for launch in launches if launch.rows is not None]
         return (min(starts), self.download_bytes(launches)) if starts else None
-
-    def kinds_bytes(self) -> int:
-        """The bytes of `step_out` before its first PCM field: the out kinds."""
-        return min(v for k, v in self.offsets.items() if k.endswith("_pcm"))
 
     def read(self, h: HostViews, plan: StepPlan, launches: list[Launch], with_pcm: bool = True) -> StepResult:
         """The step's out kinds and (unless `with_pcm` is False: it was read early, `read_pcm`) its PCM."""

@@ -163,7 +163,7 @@ class EngineWorker:
         if self.cuda is None:
             handle.result = self.reader.read(self.h_out[0], handle.plan, handle.launches)
             return
-        down = self.reader.kinds_bytes() if handle.pcm_early else self.reader.download_bytes(handle.launches)
+        down = self.reader.kinds_end if handle.pcm_early else self.reader.download_bytes(handle.launches)
         self.cuda.copy(self._out["host_ptrs"][handle.parity], self._out["device_ptr"], down, 2, self.stream)
         self.cuda.record(self._done[handle.parity], self.stream)
 

@@ -120,7 +120,7 @@ impl<L: Launcher> EngineWorker<L> {
         let last_codec = handle.launches.iter().rposition(|l| l.stage.decodes_windows());
         for index in 0..handle.launches.len() {
             self.run(handle, index)?;
-            if let (Some((start, end, _)), Some(last)) = (early, last_codec) {
+            if let (Some((start, end)), Some(last)) = (early, last_codec) {
                 if index == last {
                     self.launcher.download_early(handle.parity, start, end - start)?;
                     handle.pcm = PcmHandOver::Early;
@@ -154,8 +154,8 @@ impl<L: Launcher> EngineWorker<L> {
 
     /// After the step's launches: download its outputs (the out kinds alone where its PCM came back early).
     pub fn finish(&mut self, handle: &StepHandle) -> Result<(), String> {
-        let nbytes = match (handle.pcm, self.reader.pcm_bytes(&handle.launches)) {
-            (PcmHandOver::Early, Some((_, _, kinds_end))) => kinds_end,
+        let nbytes = match (handle.pcm, self.reader.kinds_end) {
+            (PcmHandOver::Early, Some(kinds_end)) => kinds_end,
             _ => self.reader.download_bytes(&handle.launches),
         };
         self.launcher.download(handle.parity, nbytes)

@@ -428,6 +428,9 @@ pub struct StepReader {
     samples_per_frame: usize,
     /// False for a disaggregated engine's LM half: its codec stages hand windows over and make no PCM.
     reads_pcm: bool,
+    /// Where the out kinds end and the PCM fields begin, when every PCM field lies after the out kinds (the
+    /// layout `step_out` has): a step's PCM can then be copied back on its own (`pcm_bytes`).
+    pub kinds_end: Option<usize>,
 }
 
 impl StepReader {
@@ -439,18 +442,18 @@ impl StepReader {
             pcm.push((Stage::CodecFirst, o.field("codec_first_pcm")?.clone(), spec.limits.first_frames() as usize * spf));
         }
         Ok(StepReader { prefill_kind: o.field("prefill_kind")?.clone(), decode_kind: o.field("decode_kind")?.clone(),
-                        pcm, samples_per_frame: spf, reads_pcm: spec.half != Half::Lm })
+                        pcm, samples_per_frame: spf, reads_pcm: spec.half != Half::Lm, kinds_end: None }
+            .with_kinds_end())
+    }
+
+    fn with_kinds_end(mut self) -> StepReader {
+        let pcm_start = self.pcm.iter().map(|(_, f, _)| f.offset).min();
+        self.kinds_end = pcm_start.filter(|&p| self.prefill_kind.end() <= p && self.decode_kind.end() <= p);
+        self
     }
 
     fn pcm_field(&self, stage: Stage) -> &(Stage, Field, usize) {
         self.pcm.iter().find(|(s, _, _)| *s == stage).expect("a codec stage's PCM field")
-    }
-
-    /// Where the out kinds end and the PCM fields begin, when every PCM field lies after the out kinds (the
-    /// layout `step_out` has): the PCM of a step can then be copied back on its own (`pcm_bytes`).
-    fn kinds_end(&self) -> Option<usize> {
-        let pcm_start = self.pcm.iter().map(|(_, f, _)| f.offset).min()?;
-        (self.prefill_kind.end() <= pcm_start && self.decode_kind.end() <= pcm_start).then_some(pcm_start)
     }
 
     /// Bytes of `step_out` to copy back: the out kinds come first, then each codec launch's rows.
@@ -463,13 +466,12 @@ impl StepReader {
         end
     }
 
-    /// The bytes of `step_out` that hold the PCM of the step's codec rows, `[start, end)`, and where the out
-    /// kinds end; None when the step has no codec rows, or the layout does not keep the two apart.
-    pub fn pcm_bytes(&self, launches: &[Launch]) -> Option<(usize, usize, usize)> {
-        let kinds_end = self.kinds_end()?;
-        let fields = || self.codec_launches(launches).map(|l| self.pcm_field(l.stage).1.offset);
-        let start = fields().min()?;
-        Some((start, self.download_bytes(launches), kinds_end))
+    /// The bytes of `step_out` that hold the PCM of the step's codec rows, `[start, end)`; None when the step
+    /// has no codec rows, or the layout does not keep them apart from the out kinds (`kinds_end`).
+    pub fn pcm_bytes(&self, launches: &[Launch]) -> Option<(usize, usize)> {
+        self.kinds_end?;
+        let start = self.codec_launches(launches).map(|l| self.pcm_field(l.stage).1.offset).min()?;
+        Some((start, self.download_bytes(launches)))
     }
 
     fn codec_launches<'a>(&'a self, launches: &'a [Launch]) -> impl Iterator<Item = &'a Launch> + 'a {
