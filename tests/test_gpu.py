@@ -1,7 +1,7 @@
 """GPU tier (marker `gpu`, skipped without CUDA): graphs equal eager (Orpheus; Qwen3-TTS with its code
-predictor, codec slot pools, cloned-voice prompt vectors and first-chunk graphs), FlashInfer equals the
-PyTorch backend (bfloat16 and float16), and the full-size Orpheus model loads with dummy weights and
-serves; CSM (graphs == eager on csm-tiny, CSM-1B with dummy weights serves)."""
+predictor, codec slot pools, cloned-voice prompt vectors and first-chunk graphs), FlashInfer and the Triton
+backend (its cache in bfloat16 or float8) equal the PyTorch backend, and the full-size Orpheus model loads
+with dummy weights and serves; CSM (graphs == eager on csm-tiny, CSM-1B with dummy weights serves)."""
 
 from __future__ import annotations
 
@@ -49,9 +49,10 @@ def _run(config: VoxConfig, use_graphs: bool, n: int = 3, max_tokens: int = 70, 
     return reqs
 
 
-def _config(backend: str, dtype: str = "float32", model: str = "orpheus-tiny", **scheduler: object) -> VoxConfig:
+def _config(backend: str, dtype: str = "float32", model: str = "orpheus-tiny", kv_cache_dtype: str = "auto",
+            **scheduler: object) -> VoxConfig:
     return VoxConfig(model=ModelConfig(model=model, device="cuda", dtype=dtype, load_format="dummy"),
-                     cache=CacheConfig(max_num_pages=512, max_model_len=512),
+                     cache=CacheConfig(max_num_pages=512, max_model_len=512, kv_cache_dtype=kv_cache_dtype),
                      scheduler=SchedulerConfig(max_batch_size=8, max_codec_batch=8, max_prefill_tokens=256,
                                                **scheduler),
                      engine=EngineConfig(attention_backend=backend))
@@ -67,14 +68,17 @@ def _assert_same(eager: list, graphed: list, pcm_tol: float) -> None:
         assert (pa - pb).abs().max().item() <= pcm_tol
 
 
-@pytest.mark.parametrize("backend,dtype,model", [("torch", "float32", "orpheus-tiny"),
-                                                ("flashinfer", "bfloat16", "orpheus")])
-def test_graph_replay_equals_eager(backend: str, dtype: str, model: str) -> None:
-    """FlashInfer needs head_dim 64/128/256 and 16-bit types: the full-size model with dummy weights."""
+@pytest.mark.parametrize("backend,dtype,model,kv", [("torch", "float32", "orpheus-tiny", "auto"),
+                                                   ("flashinfer", "bfloat16", "orpheus", "auto"),
+                                                   ("triton", "bfloat16", "orpheus", "auto"),
+                                                   ("triton", "bfloat16", "orpheus", "fp8")])
+def test_graph_replay_equals_eager(backend: str, dtype: str, model: str, kv: str) -> None:
+    """FlashInfer needs head_dim 64/128/256 and 16-bit types: the full-size model with dummy weights (the Triton
+    backend too: its prefill is captured, and with a float8 KV cache)."""
     if backend == "flashinfer" and not flashinfer_available():
         pytest.skip("flashinfer not installed")
-    eager = _run(_config(backend, dtype, model), use_graphs=False)
-    graphed = _run(_config(backend, dtype, model), use_graphs=True)
+    eager = _run(_config(backend, dtype, model, kv), use_graphs=False)
+    graphed = _run(_config(backend, dtype, model, kv), use_graphs=True)
     _assert_same(eager, graphed, pcm_tol=2.0)  # int16 steps: rounding of identical math
 
 
@@ -114,15 +118,23 @@ def test_flashinfer_equals_torch_backend(dtype: torch.dtype) -> None:
     heads over 8 (FlashInfer's CUDA-core decode) the 1- and 2-row decode launches run rt/attention/triton_decode's
     kernel, at 24 over 8 FlashInfer's tensor-core decode."""
     for q_heads in (24, 16):
-        _flashinfer_against_torch(dtype, q_heads)
+        _backend_against_torch("flashinfer", dtype, q_heads)
 
 
-def _flashinfer_against_torch(dtype: torch.dtype, q_heads: int) -> None:
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["model-dtype", "fp8"])
+def test_triton_backend_equals_torch_backend(kv_dtype: torch.dtype | None) -> None:
+    """The same batches through the planless Triton backend, its cache in bfloat16 or float8 (the reference reads
+    the same float8 cache: both write it with the same fused kernel)."""
+    for q_heads in (24, 16):
+        _backend_against_torch("triton", torch.bfloat16, q_heads, kv_dtype)
+
+
+def _backend_against_torch(name: str, dtype: torch.dtype, q_heads: int, kv_dtype: torch.dtype | None = None) -> None:
     gen = torch.Generator().manual_seed(0)
     kw = dict(num_layers=1, num_pages=64, page_size=16, num_q_heads=q_heads, num_kv_heads=8, head_dim=128,
-              dtype=dtype, device="cuda")
-    ref, fi = make_attention_backend("torch", **kw), make_attention_backend("flashinfer", **kw)
-    init = torch.randn(ref.kv_caches[0].shape, generator=gen).to(dtype).cuda()
+              dtype=dtype, device="cuda", kv_dtype=kv_dtype)
+    ref, fi = make_attention_backend("torch", **kw), make_attention_backend(name, **kw)
+    init = torch.randn(ref.kv_caches[0].shape, generator=gen).to(ref.kv_caches[0].dtype).cuda()
     ref.kv_caches[0].copy_(init)
     fi.kv_caches[0].copy_(init)
     perm = (torch.randperm(63, generator=gen) + 1).tolist()
@@ -158,7 +170,7 @@ def _flashinfer_against_torch(dtype: torch.dtype, q_heads: int) -> None:
             outs.append(backend.forward(0, q, k, v, bufs).float())
         rel = (outs[0] - outs[1]).norm() / outs[0].norm()
         assert rel.item() < 2e-2
-        assert torch.equal(ref.kv_caches[0], fi.kv_caches[0])
+        assert torch.equal(ref.kv_caches[0].view(torch.uint8), fi.kv_caches[0].view(torch.uint8))
 
 
 # (model, bench kwargs, weights MiB range): the full-size layouts with dummy weights in bfloat16, graphs on

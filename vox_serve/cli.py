@@ -21,6 +21,7 @@ from typing import Any
 
 from vox_serve import __version__
 from vox_serve.config import (
+    KV_CACHE_DTYPES,
     BenchConfig,
     CacheConfig,
     EngineConfig,
@@ -133,6 +134,9 @@ FLAGS: tuple[Flag, ...] = (
     _f("--gpu-memory-utilization", to=CacheConfig, type=float,
        help="fraction of GPU memory for weights, graphs and KV"),
     _f("--max-model-len", to=CacheConfig, type=int, help="longest prompt + generation, in tokens"),
+    _f("--kv-cache-dtype", to=CacheConfig, choices=list(KV_CACHE_DTYPES),
+       help="KV cache storage: auto (the model's dtype) or fp8 (float8 e4m3, unscaled: twice the tokens per byte; "
+            "served by the triton attention backend)"),
     # scheduling
     _f("--scheduler-type", to=SchedulerConfig, convert=_scheduler_type,
        help="base, online, offline, deadline, input_streaming (a name of base); see docs/scheduling.md"),
@@ -145,8 +149,8 @@ FLAGS: tuple[Flag, ...] = (
        help="frames of each request's first audio chunk, at most the interval (sooner first audio)"),
     _f("--max-queued-requests", to=SchedulerConfig, type=int, help="waiting requests before new ones are refused"),
     # execution
-    _f("--attention-backend", to=EngineConfig, choices=["auto", "torch", "flashinfer"],
-       help="paged attention implementation"),
+    _f("--attention-backend", to=EngineConfig, choices=["auto", "torch", "flashinfer", "triton"],
+       help="paged attention implementation (auto: flashinfer on a GPU, triton for an fp8 KV cache, else torch)"),
     _f("--disable-cuda-graph", to=EngineConfig, action="store_true",
        help="run stages eagerly instead of replaying CUDA graphs"),
     _f("--enable-nvtx", to=EngineConfig, action="store_true", runtimes=PY_ONLY,

@@ -27,6 +27,9 @@ class ModelConfig:
     codec_dtype: str = "auto"  # auto (the model's --dtype) | bfloat16 | float16 | float32 (Orpheus' SNAC only)
 
 
+KV_CACHE_DTYPES = ("auto", "fp8")  # --kv-cache-dtype: the model's dtype, or float8 e4m3 (rt/attention/kv_write)
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """Paged KV cache geometry."""
@@ -35,6 +38,7 @@ class CacheConfig:
     max_num_pages: int | None = None  # None: sized from free memory (GPU) or a CPU default
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None  # None: the program's default
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 (float8 e4m3, rt/attention/kv_write)
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ class ServerConfig:
 class EngineConfig:
     """How stages execute on the device."""
 
-    attention_backend: str = "auto"  # auto | torch | flashinfer
+    attention_backend: str = "auto"  # auto | torch | flashinfer | triton
     disable_cuda_graph: bool = False
     enable_nvtx: bool = False  # NVTX ranges around stage launches and scheduling (for nsys)
     prompt_builder: str | None = None  # Rust runtime: "python" builds prompts with the program's preprocess

@@ -25,6 +25,7 @@ from vox_serve.engine.capture import StageGraphs, bucket_sizes, capture_all, war
 from vox_serve.models.registry import BuildArgs
 from vox_serve.models.registry import build_program as build_model_program
 from vox_serve.rt.attention import make_attention_backend
+from vox_serve.rt.attention.kv_write import kv_cache_dtype
 from vox_serve.rt.checkpoint import pick_device, pick_dtype
 from vox_serve.rt.device import device_scope
 from vox_serve.rt.program import Program, Stage
@@ -77,9 +78,14 @@ def engine_limits(program: Program, config: VoxConfig, num_pages: int) -> Engine
     )
 
 
-def _bytes_per_page(program: Program, page_size: int) -> int:
+def _kv_dtype(program: Program, config: VoxConfig) -> torch.dtype:
+    return kv_cache_dtype(config.cache.kv_cache_dtype, program.dtype)
+
+
+def _bytes_per_page(program: Program, config: VoxConfig) -> int:
     layers, _, kv_heads, head_dim = program.kv_geometry()
-    return layers * 2 * page_size * kv_heads * head_dim * torch.empty((), dtype=program.dtype).element_size()
+    element = torch.empty((), dtype=_kv_dtype(program, config)).element_size()
+    return layers * 2 * config.cache.page_size * kv_heads * head_dim * element
 
 
 def _attention(program: Program, config: VoxConfig, num_pages: int) -> None:
@@ -87,6 +93,7 @@ def _attention(program: Program, config: VoxConfig, num_pages: int) -> None:
     program.attention = make_attention_backend(
         config.engine.attention_backend, num_layers=layers, num_pages=num_pages, page_size=config.cache.page_size,
         num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype=program.dtype, device=program.device,
+        kv_dtype=_kv_dtype(program, config),
     )
 
 
@@ -104,7 +111,7 @@ def size_kv_cache(program: Program, config: VoxConfig, activation_peak: int) -> 
         budget = int(total * config.cache.gpu_memory_utilization) - used - activation_peak - GPU_MARGIN_BYTES
     else:
         budget = CPU_KV_BUDGET_BYTES
-    affordable = max(budget // _bytes_per_page(program, page_size), 0)
+    affordable = max(budget // _bytes_per_page(program, config), 0)
     if affordable < per_seq + 1:
         raise RuntimeError(f"not enough memory for one sequence of {program.meta.max_model_len} tokens in the KV "
                            f"cache ({affordable} pages affordable); lower --max-model-len or raise memory")
@@ -164,11 +171,12 @@ def startup_report(engine: Engine) -> str:
         return (f"model {p.meta.name}{half} on {where}: request state {m['state_bytes'] / mib:.0f} MiB, arenas "
                 f"{m['arena_bytes'] / mib:.1f} MiB, activation peak {m['activation_peak_bytes'] / mib:.0f} MiB, "
                 f"{stages}")
+    kv = "" if p.attention.kv_dtype == p.dtype else f" in {str(p.attention.kv_dtype).removeprefix('torch.')}"
     return (
         f"model {p.meta.name}{half} on {p.device} ({str(p.dtype).removeprefix('torch.')}): weights "
         f"{m['weights_bytes'] / mib:.0f} MiB, request state {m['state_bytes'] / mib:.0f} MiB ({lim.slots} slots), "
         f"arenas {m['arena_bytes'] / mib:.1f} MiB,"
-        f" activation peak {m['activation_peak_bytes'] / mib:.0f} MiB, KV cache {m['kv_bytes'] / mib:.0f} MiB "
+        f" activation peak {m['activation_peak_bytes'] / mib:.0f} MiB, KV cache {m['kv_bytes'] / mib:.0f} MiB{kv} "
         f"({lim.num_pages - 1} pages of {lim.page_size} tokens = {(lim.num_pages - 1) * lim.page_size // streams} "
         f"concurrent tokens{f' of {streams} KV streams each' if streams > 1 else ''}), attention {p.attention.name}, "
         + stages

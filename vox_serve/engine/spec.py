@@ -73,7 +73,7 @@ def _attention(engine: Engine) -> dict[str, Any]:
         "backend": att.name, "num_layers": att.num_layers, "num_q_heads": att.num_q_heads,
         "num_kv_heads": att.num_kv_heads, "head_dim": att.head_dim, "page_size": att.page_size,
         "num_pages": att.num_pages, "null_page": NULL_PAGE, "layout": "NHD",
-        "dtype": str(att.dtype).removeprefix("torch."),
+        "dtype": str(att.dtype).removeprefix("torch."), "kv_dtype": str(att.kv_dtype).removeprefix("torch."),
         "kv_cache_ptrs": [c.data_ptr() for c in att.kv_caches], "kv_cache_bytes": att.memory_bytes(),
         "needs_kv_indices": att.needs_kv_indices, "kv_streams": engine.limits.kv_streams,
         "pages_per_stream": engine.limits.max_pages_per_seq,

@@ -11,7 +11,8 @@ of such ops with one pass:
 - `silu_mul`: the SwiGLU gate `silu(gate) * up` of a fused gate/up projection (2 kernels) -> 1;
 - `add_rms_norm`: a residual add and the RMSNorm after it (2 kernels) -> 1, returning both;
 - `rope_write_kv`: an attention layer's q/k rope (and Qwen3's per-head q/k RMSNorm) and the K/V cache write at
-  the tokens' slots (2 rope launches, 2 norms, `//`, `%` and 2 index_put kernels) -> 1.
+  the tokens' slots (2 rope launches, 2 norms, `//`, `%` and 2 index_put kernels) -> 1; into a float8 cache
+  the values are clamped to its finite range first, as `kv_write.to_cache` does.
 
 Used only for CUDA tensors when Triton imports (`enabled(t)`); everything else runs the reference.
 The codecs' kernels (Snake, convolutions) are in `rt/codec_kernels.py`.
@@ -173,15 +174,22 @@ if triton is not None:
         return x1 * cos - x2 * sin, x2 * cos + x1 * sin
 
     @triton.jit
+    def _cached(x, ptr, SATURATE: tl.constexpr):
+        """x in the cache's dtype; SATURATE (a float8 e4m3 cache): clamped to its finite range (+-448) first."""
+        if SATURATE:
+            x = tl.minimum(tl.maximum(x.to(tl.float32), -448.0), 448.0)
+        return x.to(ptr.dtype.element_ty)
+
+    @triton.jit
     def _store_kv(kc_ptr, vc_ptr, slot_ptr, v_src, t, kh, y1, y2, d, mask, page_size, c_page, c_tok, c_head,
-                  HALF: tl.constexpr):
+                  HALF: tl.constexpr, SATURATE: tl.constexpr):
         """k halves (y1, y2) and the v head at v_src into the caches at token t's slot (page = slot // page_size)."""
         slot = tl.load(slot_ptr + t).to(tl.int64)
         at = (slot // page_size) * c_page + (slot % page_size) * c_tok + kh * c_head
-        tl.store(kc_ptr + at + d, y1.to(kc_ptr.dtype.element_ty), mask=mask)
-        tl.store(kc_ptr + at + HALF + d, y2.to(kc_ptr.dtype.element_ty), mask=mask)
-        tl.store(vc_ptr + at + d, tl.load(v_src + d, mask=mask).to(vc_ptr.dtype.element_ty), mask=mask)
-        tl.store(vc_ptr + at + HALF + d, tl.load(v_src + HALF + d, mask=mask).to(vc_ptr.dtype.element_ty), mask=mask)
+        tl.store(kc_ptr + at + d, _cached(y1, kc_ptr, SATURATE), mask=mask)
+        tl.store(kc_ptr + at + HALF + d, _cached(y2, kc_ptr, SATURATE), mask=mask)
+        tl.store(vc_ptr + at + d, _cached(tl.load(v_src + d, mask=mask), vc_ptr, SATURATE), mask=mask)
+        tl.store(vc_ptr + at + HALF + d, _cached(tl.load(v_src + HALF + d, mask=mask), vc_ptr, SATURATE), mask=mask)
 
     # One program per (token, head). Rotating, heads [0, q_heads) rotate a q head into q_out and the others a
     # k head; each k head goes into the cache with its v head. Without ROTATE, q_heads is 0 (a plain KV write).
@@ -191,7 +199,7 @@ if triton is not None:
                               qw_ptr, kw_ptr, q_heads, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, table_stride,
                               page_size, c_page, c_tok, c_head, eps, ROTATE: tl.constexpr,
                               HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
-                              PDL: tl.constexpr):
+                              SATURATE: tl.constexpr, PDL: tl.constexpr):
         pdl.enter(PDL)
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1).to(tl.int64)
@@ -212,11 +220,12 @@ if triton is not None:
                 # rounded to k's dtype first, as the rotated k that the unfused path writes is
                 _store_kv(kc_ptr, vc_ptr, slot_ptr, v_ptr + t * sv_t + kh * sv_h, t, kh,
                           y1.to(k_ptr.dtype.element_ty), y2.to(k_ptr.dtype.element_ty), d, mask,
-                          page_size, c_page, c_tok, c_head, HALF)
+                          page_size, c_page, c_tok, c_head, HALF, SATURATE)
         else:
             src = k_ptr + t * sk_t + kh * sk_h
             _store_kv(kc_ptr, vc_ptr, slot_ptr, v_ptr + t * sv_t + kh * sv_h, t, kh, tl.load(src + d, mask=mask),
-                      tl.load(src + HALF + d, mask=mask), d, mask, page_size, c_page, c_tok, c_head, HALF)
+                      tl.load(src + HALF + d, mask=mask), d, mask, page_size, c_page, c_tok, c_head, HALF,
+                      SATURATE)
 
     @triton.jit
     def _hash_key(seed, offset, salt):
@@ -334,8 +343,8 @@ def rope_write_kv(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
         q, k, v, q_out, k_cache, v_cache, slots, positions if rotate else slots, table, sin if rotate else table,
         *weights, heads, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         table.stride(0), k_cache.shape[1], k_cache.stride(0), k_cache.stride(1), dim, eps,
-        ROTATE=rotate, HAS_NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=1,
-        **pdl.launch_options(q))
+        ROTATE=rotate, HAS_NORM=q_norm is not None, HALF=half, BLOCK=triton.next_power_of_2(half),
+        SATURATE=k_cache.element_size() == 1, num_warps=1, **pdl.launch_options(q))
     return q_out
 
 

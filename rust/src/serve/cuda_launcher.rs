@@ -39,7 +39,7 @@ pub struct CudaLauncher {
 
 /// How the captured LM launches of an engine are planned.
 pub enum GraphPlanning {
-    /// The torch backend's graphs read no host plan.
+    /// The torch and triton backends' graphs read no host plan.
     Unplanned,
     /// FlashInfer's planners in Rust; the pinned regions they write stay alive with them.
     Rust(Box<LaunchPlanner>, PinnedHost),
@@ -49,7 +49,8 @@ pub enum GraphPlanning {
 
 impl GraphPlanning {
     fn of(spec: &EngineSpec, device: i32) -> GraphPlanning {
-        if spec.attention_backend == "torch" || spec.half == Half::Codec {  // a codec half launches no LM stage
+        // Only FlashInfer's graphs read a host plan; a codec half launches no LM stage.
+        if spec.attention_backend != "flashinfer" || spec.half == Half::Codec {
             return GraphPlanning::Unplanned;
         }
         let rust = || -> Result<GraphPlanning, String> {

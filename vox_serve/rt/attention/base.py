@@ -127,6 +127,7 @@ class AttentionBackend(ABC):
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         if num_q_heads % num_kv_heads != 0:
             raise ValueError(
@@ -139,13 +140,14 @@ class AttentionBackend(ABC):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
+        self.kv_dtype = dtype if kv_dtype is None else kv_dtype  # the cache's (kv_write: float8 or the model's)
         self.device = torch.device(device)
         self.scale = 1.0 / math.sqrt(head_dim)
         # Zeroed, not empty: masked-out cache entries still get multiplied by a zero probability,
         # and 0 * NaN from uninitialised memory would poison the output.
         shape = (num_pages, 2, page_size, num_kv_heads, head_dim)
         self.kv_caches: list[Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(num_layers)
         ]
 
     @abstractmethod

@@ -172,10 +172,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         """The Triton decode kernel's partials and counters for q's bucket, allocated at its first launch."""
         rows = q.shape[0]
         if rows not in self._triton_workspaces:
-            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-            self._triton_workspaces[rows] = triton_decode.DecodeWorkspace.allocate(
-                rows, self.num_kv_heads, self.num_q_heads // self.num_kv_heads, self.head_dim,
-                triton_decode.splits_for(rows, self.num_kv_heads, sms), q.device)
+            self._triton_workspaces[rows] = triton_decode.DecodeWorkspace.for_bucket(
+                rows, self.num_kv_heads, self.num_q_heads // self.num_kv_heads, self.head_dim, q.device)
         return self._triton_workspaces[rows]
 
     def _guarded(self, wrapper: Any, plan: Any) -> None:

@@ -6,6 +6,10 @@ saying how to prepare them; `write_kv` prepares them and writes k and v at the t
 layer's own modules run as before, then the indexed writes.
 
 The norm and rope are the layer's modules (`layers/`), typed here by what this module needs of them.
+
+The cache may be narrower than the model (`--kv-cache-dtype fp8`: float8 e4m3, half the bytes of bfloat16 per
+token). Values are stored unscaled (a scale of 1, as uncalibrated vLLM does), saturated at +-448, its largest
+finite value; readers convert them back to the query's dtype.
 """
 
 from __future__ import annotations
@@ -13,9 +17,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import torch
 from torch import Tensor
 
+from vox_serve.config import KV_CACHE_DTYPES
 from vox_serve.rt import triton_ops
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The cache dtype `--kv-cache-dtype name` means for a model of model_dtype."""
+    if name == "auto":
+        return model_dtype
+    if name == "fp8":
+        return FP8
+    raise ValueError(f"--kv-cache-dtype {name!r}: use one of {', '.join(KV_CACHE_DTYPES)}")
+
+
+def to_cache(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """x as stored in a cache of dtype: a float8 cache saturates at +-FP8_MAX instead of overflowing to NaN."""
+    if dtype == FP8:
+        x = x.float().clamp(-FP8_MAX, FP8_MAX)
+    return x.to(dtype)
 
 
 class HeadNorm(Protocol):
@@ -79,6 +104,6 @@ def write_kv(k_cache: Tensor, v_cache: Tensor, q: Tensor, k: Tensor, v: Tensor, 
         q, k = prep.apply(q, k)
     page_size = k_cache.shape[1]
     page, offset = slots // page_size, slots % page_size
-    k_cache[page, offset] = k.to(k_cache.dtype)
-    v_cache[page, offset] = v.to(v_cache.dtype)
+    k_cache[page, offset] = to_cache(k, k_cache.dtype)
+    v_cache[page, offset] = to_cache(v, v_cache.dtype)
     return q

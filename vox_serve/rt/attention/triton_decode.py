@@ -18,6 +18,8 @@ have KV length 1: the null page).
 
 `decode_attention(q [T, Hq, D], cache [P, 2, page, Hkv, D], page_table [T, C] int32, kv_lens [T] int32, ...)`
 -> [T, Hq, D] in q's dtype; q's row t attends to its row's first kv_lens[t] tokens (its own already written).
+K and V are converted to q's dtype as they load, so the cache may be stored narrower (float8, the `triton`
+backend's `--kv-cache-dtype fp8`).
 
 Measured on an H200 (benchmark/results/h200-2026-12-03d/decode_attention.txt; `benchmark/decode_attention.py`),
 microseconds per layer launch in a CUDA graph against FlashInfer's graph-mode decode: Orpheus-3B's geometry at 1
@@ -95,6 +97,13 @@ class DecodeWorkspace:
         return cls(partial_out=torch.zeros(rows, num_kv_heads, splits, group, head_dim, **f32),
                    partial_ml=torch.zeros(rows, num_kv_heads, splits, 2, group, **f32),
                    counters=torch.zeros(rows, num_kv_heads, dtype=torch.int32, device=device))
+
+    @classmethod
+    def for_bucket(cls, rows: int, num_kv_heads: int, group: int, head_dim: int,
+                   device: torch.device) -> DecodeWorkspace:
+        """A bucket's workspace on a CUDA device, its split count from the device's SMs (`splits_for`)."""
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return cls.allocate(rows, num_kv_heads, group, head_dim, splits_for(rows, num_kv_heads, sms), device)
 
     @property
     def splits(self) -> int:
@@ -196,8 +205,10 @@ if triton is not None:
             live = t < kv_len
             page = tl.load(pt_ptr + row * stride_pt + t // PAGE, mask=live, other=0).to(tl.int64)
             tok = page * (2 * PAGE * HKV * D) + ((t % PAGE) * HKV + h) * D
-            k = tl.load(cache_ptr + tok[:, None] + rd[None, :], mask=live[:, None], other=0.0)
-            v = tl.load(cache_ptr + PAGE * HKV * D + tok[:, None] + rd[None, :], mask=live[:, None], other=0.0)
+            # in q's dtype as they load: the cache may be stored narrower (float8)
+            k = tl.load(cache_ptr + tok[:, None] + rd[None, :], mask=live[:, None], other=0.0).to(q.dtype)
+            v = tl.load(cache_ptr + PAGE * HKV * D + tok[:, None] + rd[None, :], mask=live[:, None],
+                        other=0.0).to(q.dtype)
             scores = tl.where(live[None, :], _scores(q, k, DOT) * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, axis=1))
             p = tl.exp2(scores - m_new[:, None])
