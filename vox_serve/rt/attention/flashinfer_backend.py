@@ -65,7 +65,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._plan: AttentionPlan | None = None
         self._active_decode: Any = None
         self._forced_tensor_cores = os.environ.get("VOX_DECODE_TENSOR_CORES")
-        self._triton_workspaces: dict[int, triton_decode.DecodeWorkspace] = {}  # rows -> the bucket's
+        group = self.num_q_heads // self.num_kv_heads
+        self._triton_workspaces = triton_decode.BucketWorkspaces(self.num_kv_heads, group, self.head_dim)
         self._triton_buckets: dict[int, bool] = {}  # rows -> whether the bucket runs the Triton kernel (fixed)
 
     def planner_of(self, plan: AttentionPlan) -> str:
@@ -168,14 +169,6 @@ class FlashInferAttentionBackend(AttentionBackend):
                 page_size=self.page_size, tensor_cores=self._tensor_cores, cuda=self.device.type == "cuda")
         return self._triton_buckets[rows]
 
-    def _decode_workspace(self, q: Tensor) -> triton_decode.DecodeWorkspace:
-        """The Triton decode kernel's partials and counters for q's bucket, allocated at its first launch."""
-        rows = q.shape[0]
-        if rows not in self._triton_workspaces:
-            self._triton_workspaces[rows] = triton_decode.DecodeWorkspace.for_bucket(
-                rows, self.num_kv_heads, self.num_q_heads // self.num_kv_heads, self.head_dim, q.device)
-        return self._triton_workspaces[rows]
-
     def _guarded(self, wrapper: Any, plan: Any) -> None:
         event = self._planned.get(id(wrapper))
         if event is not None:
@@ -193,8 +186,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         if self._plan.is_decode:
             if self._triton_serves(q.shape[0]):  # rt/attention/triton_decode (its wrapper's plan is stale)
                 q = q if q.stride(-1) == 1 else q.contiguous()
-                return triton_decode.decode_attention(q, cache, bufs.page_table[: q.shape[0]],
-                                                      bufs.kv_lens[: q.shape[0]], self.scale, self._decode_workspace(q))
+                rows = q.shape[0]
+                return triton_decode.decode_attention(q, cache, bufs.page_table[:rows], bufs.kv_lens[:rows],
+                                                      self.scale, self._triton_workspaces.of(q))
             return self._active_decode.run(q, cache)
         wrapper, out = self._active_prefill
         if out is not None:  # captured: every row of the bucket goes in, the planned ones are written

@@ -42,7 +42,8 @@ class TritonAttentionBackend(AttentionBackend):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._plan: AttentionPlan | None = None
-        self._workspaces: dict[int, triton_decode.DecodeWorkspace] = {}  # decode rows -> the bucket's partials
+        self._workspaces = triton_decode.BucketWorkspaces(self.num_kv_heads, self.num_q_heads // self.num_kv_heads,
+                                                          self.head_dim)
 
     def plan(self, plan: AttentionPlan, inputs: PlanInputs) -> None:
         self._plan = plan
@@ -57,13 +58,5 @@ class TritonAttentionBackend(AttentionBackend):
         if self._plan.is_decode:
             rows = q.shape[0]
             return triton_decode.decode_attention(q, cache, bufs.page_table[:rows], bufs.kv_lens[:rows], self.scale,
-                                                  self._workspace(q))
+                                                  self._workspaces.of(q))
         return triton_prefill.prefill_attention(q, cache, bufs.page_table, bufs.kv_lens, bufs.qo_indptr, self.scale)
-
-    def _workspace(self, q: Tensor) -> triton_decode.DecodeWorkspace:
-        """The decode kernel's partials and counters for q's bucket, allocated at its first launch."""
-        rows = q.shape[0]
-        if rows not in self._workspaces:
-            self._workspaces[rows] = triton_decode.DecodeWorkspace.for_bucket(
-                rows, self.num_kv_heads, self.num_q_heads // self.num_kv_heads, self.head_dim, q.device)
-        return self._workspaces[rows]

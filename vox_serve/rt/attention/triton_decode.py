@@ -98,16 +98,27 @@ class DecodeWorkspace:
                    partial_ml=torch.zeros(rows, num_kv_heads, splits, 2, group, **f32),
                    counters=torch.zeros(rows, num_kv_heads, dtype=torch.int32, device=device))
 
-    @classmethod
-    def for_bucket(cls, rows: int, num_kv_heads: int, group: int, head_dim: int,
-                   device: torch.device) -> DecodeWorkspace:
-        """A bucket's workspace on a CUDA device, its split count from the device's SMs (`splits_for`)."""
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return cls.allocate(rows, num_kv_heads, group, head_dim, splits_for(rows, num_kv_heads, sms), device)
-
     @property
     def splits(self) -> int:
         return self.partial_out.shape[2]
+
+
+class BucketWorkspaces:
+    """A backend's workspaces, one per decode bucket (its rows), allocated at the bucket's first launch on a CUDA
+    device with the split count its SMs call for (`splits_for`)."""
+
+    def __init__(self, num_kv_heads: int, group: int, head_dim: int) -> None:
+        self.num_kv_heads, self.group, self.head_dim = num_kv_heads, group, head_dim
+        self._by_rows: dict[int, DecodeWorkspace] = {}
+
+    def of(self, q: Tensor) -> DecodeWorkspace:
+        """The workspace of q's bucket."""
+        rows = q.shape[0]
+        if rows not in self._by_rows:
+            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+            self._by_rows[rows] = DecodeWorkspace.allocate(rows, self.num_kv_heads, self.group, self.head_dim,
+                                                           splits_for(rows, self.num_kv_heads, sms), q.device)
+        return self._by_rows[rows]
 
 
 def group_pad(group: int, config: DecodeConfig) -> int:
