@@ -60,7 +60,7 @@ def backend_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
 def make_backend(module: types.ModuleType, q_heads: int) -> object:
     backend = module.FlashInferAttentionBackend(num_layers=1, num_pages=8, page_size=16, num_q_heads=q_heads,
                                                 num_kv_heads=8, head_dim=128, dtype=torch.float32, device="cpu")
-    backend._decode_workspace = lambda q: None
+    backend._triton_workspaces.of = lambda q: None  # (no CUDA device to size one for)
     return backend
 
 
