@@ -2,7 +2,8 @@
 # The float8 KV cache (--kv-cache-dtype fp8, served by the planless Triton attention backend) against the default
 # (a bfloat16 cache, FlashInfer), in one device call on one GPU (results under $OUT):
 #   1. the GPU tier's checks of the Triton backend (tests/test_triton_attention.py; tests/test_gpu.py: the backend
-#      against the PyTorch one in bfloat16 and float8, full-size Orpheus' graphs equal to its eager steps);
+#      against the PyTorch one in bfloat16 and float8, full-size Orpheus' graphs equal to its eager steps;
+#      tests/test_rust_runtime.py: the Rust runtime's WAVs equal the Python runtime's with a float8 cache);
 #   2. Orpheus' offline workload (256 at once, benchmark/gpu_runtimes.sh, Rust runtime): the default, fp8, and the
 #      Triton backend over a bfloat16 cache (which kernels, apart from the cache's width);
 #   3. a lone Orpheus request's first steps (benchmark/gpu_ttfa_trace.sh), the default and fp8;
@@ -35,6 +36,7 @@ ttfa() {  # model tag flags...: a lone request's first steps from its trace, whi
 if part tests; then
   timeout "$(left)" python3 -m pytest -q -m gpu tests/test_triton_attention.py \
     "tests/test_gpu.py::test_triton_backend_equals_torch_backend" "tests/test_gpu.py::test_graph_replay_equals_eager" \
+    "tests/test_rust_runtime.py::test_rust_bench_on_cuda_matches_python[orpheus-fp8]" \
     > "$OUT/tests.txt" 2>&1
   echo "tests rc=$?: $(tail -1 "$OUT/tests.txt" 2>/dev/null)"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.txt" | head -5

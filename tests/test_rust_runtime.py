@@ -51,12 +51,13 @@ CASES = {
                               "--bench-kwargs", '{"max_tokens": 40}'],
     "orpheus-tiny-voice": ["--bench-kwargs", '{"max_tokens": 42, "ignore_eos": true, "voice": "zoe"}',
                            "--bench-text", "Ünïcode, <|im_end|> and   spaces!"],
+    "orpheus-tiny-fp8": ["--kv-cache-dtype", "fp8", "--bench-kwargs", '{"max_tokens": 42, "ignore_eos": true}'],
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_rust_bench_wavs_match_python(rt, case: str, tmp_path: Path) -> None:
-    model = case.removesuffix("-stop").removesuffix("-voice").removesuffix("-chunks")
+    model = case.removesuffix("-stop").removesuffix("-voice").removesuffix("-chunks").removesuffix("-fp8")
     py = _bench("python", model, tmp_path / "py", *CASES[case])
     assert py.returncode == 0, py.stderr
     rs = _bench("rust", model, tmp_path / "rs", *CASES[case])
@@ -224,10 +225,13 @@ def _bench_cuda(runtime: str, model: str, out: Path, *extra: str) -> subprocess.
     ("orpheus", ["--attention-backend", "flashinfer", "--load-format", "dummy", "--max-model-len", "512",
                  "--max-batch-size", "8", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']),
     ("orpheus-tiny", ["--disable-cuda-graph", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']),
+    # a float8 KV cache: the planless Triton backend, its captured prefill and decode launched without a plan
+    ("orpheus", ["--kv-cache-dtype", "fp8", "--load-format", "dummy", "--max-model-len", "512",
+                 "--max-batch-size", "8", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']),
     # an in-context clone: the captured codec_prime graph launched by the Rust driver ("REF": the clip)
     ("qwen3-tts-base-tiny", ["--bench-audio", "REF", "--bench-kwargs",
                              '{"max_tokens": 24, "ref_text": "A reference sentence."}']),
-], ids=["orpheus", "qwen3", "orpheus-flashinfer", "orpheus-eager", "qwen3-base-in-context"])
+], ids=["orpheus", "qwen3", "orpheus-flashinfer", "orpheus-eager", "orpheus-fp8", "qwen3-base-in-context"])
 def test_rust_bench_on_cuda_matches_python(rt, model: str, extra: list[str], tmp_path: Path) -> None:
     """On a GPU the Rust driver copies step_in up and step_out down in one transfer each and launches the
     captured graphs by their exec handles; eager stages and attention planning go through Python on its
