@@ -87,7 +87,7 @@ def _participants() -> list[tuple]:
         (triton_ops._rope_write_kv_kernel,
          _types("q_ptr k_ptr v_ptr q_out_ptr kc_ptr vc_ptr qw_ptr kw_ptr", "q_heads sq_t sq_h sk_t sk_h sv_t sv_h "
                 "table_stride page_size c_page c_tok c_head", slot_ptr="i64", pos_ptr="i64", cos_ptr="fp32",
-                sin_ptr="fp32") | {"eps": "fp32"}, dict(ROTATE=True, HAS_NORM=True, HALF=64, BLOCK=64)),
+                sin_ptr="fp32") | {"eps": "fp32"}, dict(ROTATE=True, HAS_NORM=True, HALF=64, BLOCK=64, SATURATE=False)),
         (slot_head._slot_logits_kernel, _types("h_ptr w_ptr", "m base extra_id", slot_ptr="i64", out_ptr="fp32"),
          dict(K=3072, WIDTH=4096, BLOCKS=64, NUM_SLOTS=7, DOT=False, IEEE=False, BLOCK_M=1, BLOCK_N=64, BLOCK_K=64)),
         (launch_rows._decode_rows_kernel,

@@ -108,7 +108,7 @@ if triton is not None:
             # the static cache's rows as pages of POSITIONS tokens, as rope_write_kv writes it
             _store_kv(kc_ptr, vc_ptr, slot_ptr, v_ptr + t * sv_t + h * sv_h, t, h, y1.to(k_ptr.dtype.element_ty),
                       y2.to(k_ptr.dtype.element_ty), d, dmask, POSITIONS, POSITIONS * HKV * 2 * HALF, HKV * 2 * HALF,
-                      2 * HALF, HALF)
+                      2 * HALF, HALF, False)  # (a cache in the model's dtype: nothing to saturate)
         tl.debug_barrier()  # the writes above are read back below by other threads of the program
         p = tl.arange(0, P_PAD)
         tile_mask = (p < POSITIONS)[:, None] & dmask[None, :]

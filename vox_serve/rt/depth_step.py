@@ -298,7 +298,7 @@ if triton is not None:
         tl.store(dst + HALF + d, (tl.sum(e[:, None] * v2, axis=0) * inv).to(out_ptr.dtype.element_ty), mask=dmask)
         if qh % (Q_HEADS // HKV) == 0:  # the cache's copy, read by the next steps
             _store_kv(kc_ptr, vc_ptr, slot_ptr, v_src, r, h, k_new1, k_new2, d, dmask, POSITIONS,
-                      POSITIONS * HKV * 2 * HALF, HKV * 2 * HALF, 2 * HALF, HALF)
+                      POSITIONS * HKV * 2 * HALF, HKV * 2 * HALF, 2 * HALF, HALF, False)  # (model-dtype cache)
 
     @triton.jit
     def _layer(pid, layer, x0, n1_ptr, qkv_w, qn_ptr, kn_ptr, o_w, n2_ptr, gu_w, down_w, kc_ptr, vc_ptr, slot_ptr,
