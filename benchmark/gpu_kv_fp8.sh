@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The float8 KV cache (--kv-cache-dtype fp8, served by the planless Triton attention backend) against the default
-# (a bfloat16 cache, FlashInfer), in one device call on one GPU (results under $OUT):
-#   1. the GPU tier's checks of the Triton backend (tests/test_triton_attention.py; tests/test_gpu.py: the backend
+# (a bfloat16 cache, FlashInfer), in one device call on one GPU (results under $OUT), in this order:
+#   1. Orpheus' offline workload (256 at once, benchmark/gpu_runtimes.sh, Rust runtime), the default and fp8;
+#   2. the GPU tier's checks of the Triton backend (tests/test_triton_attention.py; tests/test_gpu.py: the backend
 #      against the PyTorch one in bfloat16 and float8, full-size Orpheus' graphs equal to its eager steps;
 #      tests/test_rust_runtime.py: the Rust runtime's WAVs equal the Python runtime's with a float8 cache);
-#   2. Orpheus' offline workload (256 at once, benchmark/gpu_runtimes.sh, Rust runtime): the default, fp8, and the
-#      Triton backend over a bfloat16 cache (which kernels, apart from the cache's width);
 #   3. a lone Orpheus request's first steps (benchmark/gpu_ttfa_trace.sh), the default and fp8;
-#   4. Qwen3-TTS' offline workload, the default and fp8;
+#   4. Orpheus' offline workload with the Triton backend over a bfloat16 cache (its kernels without the narrower
+#      cache); Qwen3-TTS' offline workload, the default and fp8;
 #   5. the captured decode step at 1, 64 and 256 rows of 512 tokens (benchmark/profile_stages.py), both caches.
 # Each part runs while time is left of LIMIT seconds (default 560). Usage (repo root, carrying .whl from
 # benchmark/gpu_wheels.sh, vox_serve/_rt.abi3.so from `pip install -e .`, and .fiaot.tgz):
@@ -33,22 +33,24 @@ ttfa() {  # model tag flags...: a lone request's first steps from its trace, whi
   RS_EXTRA="$*" TAG=$tag MODELS=$model TIMEOUT=$(( $(left) < 90 ? $(left) : 90 )) \
     bash benchmark/gpu_ttfa_trace.sh 2>&1 | grep -E "rc=|^step +(1|2|28|29) |^steps|rror"
 }
+if part offline; then
+  offline orpheus bf16
+  offline orpheus fp8 --kv-cache-dtype fp8
+fi
 if part tests; then
   timeout "$(left)" python3 -m pytest -q -m gpu tests/test_triton_attention.py \
     "tests/test_gpu.py::test_triton_backend_equals_torch_backend" "tests/test_gpu.py::test_graph_replay_equals_eager" \
-    "tests/test_rust_runtime.py::test_rust_bench_on_cuda_matches_python[orpheus-fp8]" \
+    "tests/test_rust_runtime.py::test_rust_bench_on_cuda_matches_python[orpheus-fp8]" -k "triton or fp8 or compiled" \
     > "$OUT/tests.txt" 2>&1
   echo "tests rc=$?: $(tail -1 "$OUT/tests.txt" 2>/dev/null)"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.txt" | head -5
 fi
-if part offline; then
-  offline orpheus bf16
-  offline orpheus fp8 --kv-cache-dtype fp8
-  offline orpheus tritonbf16 --attention-backend triton
-fi
 if part ttfa; then
   ttfa orpheus bf16
   ttfa orpheus fp8 --kv-cache-dtype fp8
+fi
+if part offline; then
+  offline orpheus tritonbf16 --attention-backend triton
 fi
 if part qwen; then
   offline qwen3-tts bf16
