@@ -5,6 +5,7 @@ bucket and KV length. A candidate that fails on this machine (no module for it, 
 as such and the others still run.
 
     python benchmark/decode_attention.py [--rows 1,2,4,8,16,32,64] [--kv 256,1024,2048] [--geometry orpheus,qwen3]
+        [--kv-dtype fp8] [--block-n 64 --stages 3 --warps 8]
 
 Each case holds a model's layers of paged KV (pages of 16, bfloat16, pages shuffled), so one launch's KV is not
 in L2 from the previous one, and captures one launch per layer in a CUDA graph, replayed; reported: microseconds
@@ -81,10 +82,11 @@ def xqa_decode(q: torch.Tensor, kv_lens: torch.Tensor, table: torch.Tensor):
 
 
 def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: int,
-         table_tokens: int = 0) -> dict[str, float]:
+         table_tokens: int = 0, fp8: bool = False) -> dict[str, float]:
     """One shape's times and differences; the planless kernels (Triton, XQA) read a page table `table_tokens` wide
     (its padding the null page 0), as a serving step's table is `--max-model-len` wide; FlashInfer reads the pages
-    planned."""
+    planned. `fp8`: the Triton kernel reads the caches stored as float8 (`--kv-cache-dtype fp8`), the others the
+    bfloat16 originals (its differences then include the float8 rounding)."""
     layers, hq, hkv = GEOMETRIES[geometry]
     dev = torch.device("cuda")
     pages = -(-kv_len // PAGE)
@@ -99,11 +101,13 @@ def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: in
     out: dict[str, float] = {}
     layer = itertools.count()  # each call takes the next layer's cache
 
+    own = [c.to(torch.float8_e4m3fn) for c in caches] if fp8 else caches  # what the Triton kernel reads
+
     def triton_call() -> object:
-        return decode_attention(q, caches[next(layer) % layers], wide, kv_lens, DIM ** -0.5, ws, config)
+        return decode_attention(q, own[next(layer) % layers], wide, kv_lens, DIM ** -0.5, ws, config)
 
     out["triton"] = graph_us(triton_call, layers)
-    got = decode_attention(q, caches[0], wide, kv_lens, DIM ** -0.5, ws, config)
+    got = decode_attention(q, own[0], wide, kv_lens, DIM ** -0.5, ws, config)
     def wrapper_run(tc: bool, split: bool, backend: str) -> Callable[[torch.Tensor], torch.Tensor]:
         wrapper = flashinfer_decode(tc, rows, table, kv_len, hq, hkv, split, backend)
         return lambda cache: wrapper.run(q, cache)
@@ -139,6 +143,8 @@ def main() -> None:
                         help="page-table width in tokens for the planless kernels (a server's --max-model-len; "
                              "default: each case's KV length)")
     parser.add_argument("--programs-per-sm", type=int, default=PROGRAMS_PER_SM, help="sets the split counts")
+    parser.add_argument("--kv-dtype", choices=["bfloat16", "fp8"], default="bfloat16",
+                        help="the cache the Triton kernel reads (FlashInfer's always bfloat16)")
     args = parser.parse_args()
     config = DecodeConfig(block_n=args.block_n, warps=args.warps, stages=args.stages)
     print(f"config {config}, splits per bucket at {torch.cuda.get_device_properties(0).multi_processor_count} SMs")
@@ -147,7 +153,8 @@ def main() -> None:
             for rows in map(int, args.rows.split(",")):
                 if rows * kv_len > MAX_TOKENS:
                     continue
-                r = case(geometry, rows, kv_len, config, args.programs_per_sm, args.table_tokens)
+                r = case(geometry, rows, kv_len, config, args.programs_per_sm, args.table_tokens,
+                         args.kv_dtype == "fp8")
                 best = min(r["flashinfer"], r["flashinfer_tc"])
                 print(f"{geometry:8s} kv {kv_len:5d} rows {rows:3d}: triton {r['triton']:7.2f} us, flashinfer "
                       f"{r['flashinfer']:7.2f} us, tensor cores {r['flashinfer_tc']:7.2f} us, unsplit "
