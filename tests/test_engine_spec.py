@@ -6,6 +6,7 @@ and the planner by handle) serves requests with greedy output identical to the n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -35,6 +36,7 @@ def test_engine_spec_is_json_with_complete_layouts() -> None:
     assert spec["meta"]["stop_rule"] == {"token": 128258, "column": 0, "min_generated": 0, "at_frame_boundary": True,
                                          "keeps_frame": False, "description": ""}
     assert spec["attention"]["num_pages"] == 65 and spec["attention"]["layout"] == "NHD"
+    assert spec["attention"]["dtype"] == spec["attention"]["kv_dtype"] == "float32"
     assert set(spec["arenas"]) == {"step_in", "step_out"}
     step_in = {f["name"]: f for f in spec["arenas"]["step_in"]["fields"]}
     assert sorted(sum(spec["sections"].values(), [])) == sorted(step_in)  # every field in one section
@@ -61,6 +63,14 @@ def _serve(worker: EngineWorker, meta: ProgramMeta, prompts: list[Prompt], norma
         reqs.append(req)
     loop.run_until_idle()
     return reqs
+
+
+def test_a_float8_cache_is_published_and_takes_a_quarter_of_a_float32_ones_bytes() -> None:
+    full = build_engine(CONFIG)["attention"]
+    narrow = build_engine(dataclasses.replace(CONFIG, cache=dataclasses.replace(CONFIG.cache,
+                                                                               kv_cache_dtype="fp8")))["attention"]
+    assert (narrow["dtype"], narrow["kv_dtype"], narrow["backend"]) == ("float32", "float8_e4m3fn", "torch")
+    assert narrow["num_pages"] == full["num_pages"] and narrow["kv_cache_bytes"] * 4 == full["kv_cache_bytes"]
 
 
 def test_a_driver_built_from_the_spec_json_alone_gives_the_same_greedy_output() -> None:
