@@ -170,6 +170,8 @@ def test_flags_reach_the_config(runtime: str) -> None:
     assert config_of("--attention-backend", "triton", runtime=runtime).engine.attention_backend == "triton"
     with pytest.raises((CliError, SystemExit)):
         config_of("--kv-cache-dtype", "fp16", runtime=runtime)
+    with pytest.raises(CliError, match="--kv-cache-dtype fp8: the flashinfer attention backend"):
+        config_of("--kv-cache-dtype", "fp8", "--attention-backend", "flashinfer", runtime=runtime)
 
 
 def test_a_float8_cache_is_refused_by_flashinfer_and_the_triton_backend_needs_a_gpu() -> None:

@@ -336,6 +336,9 @@ def _check_values(kept: dict[str, Any], runtime: str) -> None:
         raise CliError(f"--first-chunk-frames {first} must be at most --detokenize-interval {interval}")
     if not 0.0 < kept.get("gpu_memory_utilization", 0.9) <= 1.0:
         raise CliError("--gpu-memory-utilization must be in (0, 1]")
+    if kept.get("kv_cache_dtype", "auto") != "auto" and kept.get("attention_backend") == "flashinfer":
+        raise CliError(f"--kv-cache-dtype {kept['kv_cache_dtype']}: the flashinfer attention backend reads a cache in "
+                       "the model's dtype only; use --attention-backend triton (or auto, which picks it)")
     _check_model(kept)
     _check_bench(kept)
 
