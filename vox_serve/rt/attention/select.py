@@ -9,7 +9,7 @@ import torch
 
 from vox_serve.rt.attention.base import AttentionBackend
 from vox_serve.rt.attention.torch_backend import TorchAttentionBackend
-from vox_serve.rt.attention.triton_backend import triton_unsupported
+from vox_serve.rt.attention.triton_backend import TritonAttentionBackend, triton_unsupported
 
 
 def flashinfer_available() -> bool:
@@ -56,8 +56,6 @@ def make_attention_backend(name: str, **kwargs: Any) -> AttentionBackend:
         why = triton_unsupported(**kwargs)
         if why is not None:
             raise RuntimeError(f"triton attention backend not available: {why}")
-        from vox_serve.rt.attention.triton_backend import TritonAttentionBackend
-
         return TritonAttentionBackend(**kwargs)
     if name == "flashinfer":
         why = flashinfer_unsupported(**kwargs)
