@@ -25,6 +25,7 @@ import argparse
 import itertools
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -81,54 +82,113 @@ def xqa_decode(q: torch.Tensor, kv_lens: torch.Tensor, table: torch.Tensor):
         kv_layout="NHD")
 
 
+@dataclass
+class Case:
+    """One shape's operands: every layer's paged cache (pages shuffled), the page table (and its `table_tokens`
+    wide copy for the planless kernels), the rows' KV lengths and queries."""
+
+    geometry: str
+    rows: int
+    kv_len: int
+    caches: list[torch.Tensor]
+    own: list[torch.Tensor]  # what the Triton kernel reads: the caches, or their float8 copies
+    table: torch.Tensor
+    wide: torch.Tensor
+    kv_lens: torch.Tensor
+    q: torch.Tensor
+
+    @classmethod
+    def make(cls, geometry: str, rows: int, kv_len: int, table_tokens: int = 0, fp8: bool = False) -> Case:
+        layers, hq, hkv = GEOMETRIES[geometry]
+        dev = torch.device("cuda")
+        pages = -(-kv_len // PAGE)
+        num_pages = rows * pages + 1
+        caches = [torch.randn(num_pages, 2, PAGE, hkv, DIM, device=dev, dtype=torch.bfloat16) for _ in range(layers)]
+        table = (torch.randperm(num_pages - 1, device=dev)[: rows * pages] + 1).view(rows, pages).to(torch.int32)
+        wide = torch.nn.functional.pad(table, (0, max(0, -(-table_tokens // PAGE) - pages)))
+        own = [c.to(torch.float8_e4m3fn) for c in caches] if fp8 else caches
+        return cls(geometry=geometry, rows=rows, kv_len=kv_len, caches=caches, own=own, table=table, wide=wide,
+                   kv_lens=torch.full((rows,), kv_len, dtype=torch.int32, device=dev),
+                   q=torch.randn(rows, hq, DIM, device=dev, dtype=torch.bfloat16))
+
+    def triton(self, config: DecodeConfig, per_sm: int) -> tuple[float, torch.Tensor]:
+        """The Triton kernel's microseconds per launch under `config`, and its output on layer 0."""
+        layers, hq, hkv = GEOMETRIES[self.geometry]
+        sms = torch.cuda.get_device_properties(self.q.device).multi_processor_count
+        ws = DecodeWorkspace.allocate(self.rows, hkv, hq // hkv, DIM, splits_for(self.rows, hkv, sms, per_sm),
+                                      self.q.device)
+        layer = itertools.count()  # each call takes the next layer's cache
+
+        def call(cache: torch.Tensor) -> torch.Tensor:
+            return decode_attention(self.q, cache, self.wide, self.kv_lens, DIM ** -0.5, ws, config)
+
+        us = graph_us(lambda: call(self.own[next(layer) % layers]), layers)
+        return us, call(self.own[0])
+
+
 def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: int,
          table_tokens: int = 0, fp8: bool = False) -> dict[str, float]:
     """One shape's times and differences; the planless kernels (Triton, XQA) read a page table `table_tokens` wide
     (its padding the null page 0), as a serving step's table is `--max-model-len` wide; FlashInfer reads the pages
     planned. `fp8`: the Triton kernel reads the caches stored as float8 (`--kv-cache-dtype fp8`), the others the
     bfloat16 originals (its differences then include the float8 rounding)."""
+    c = Case.make(geometry, rows, kv_len, table_tokens, fp8)
     layers, hq, hkv = GEOMETRIES[geometry]
-    dev = torch.device("cuda")
-    pages = -(-kv_len // PAGE)
-    num_pages = rows * pages + 1
-    caches = [torch.randn(num_pages, 2, PAGE, hkv, DIM, device=dev, dtype=torch.bfloat16) for _ in range(layers)]
-    table = (torch.randperm(num_pages - 1, device=dev)[: rows * pages] + 1).view(rows, pages).to(torch.int32)
-    wide = torch.nn.functional.pad(table, (0, max(0, -(-table_tokens // PAGE) - pages)))
-    kv_lens = torch.full((rows,), kv_len, dtype=torch.int32, device=dev)
-    q = torch.randn(rows, hq, DIM, device=dev, dtype=torch.bfloat16)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    ws = DecodeWorkspace.allocate(rows, hkv, hq // hkv, DIM, splits_for(rows, hkv, sms, per_sm), dev)
     out: dict[str, float] = {}
-    layer = itertools.count()  # each call takes the next layer's cache
+    out["triton"], got = c.triton(config, per_sm)
+    layer = itertools.count()
 
-    own = [c.to(torch.float8_e4m3fn) for c in caches] if fp8 else caches  # what the Triton kernel reads
-
-    def triton_call() -> object:
-        return decode_attention(q, own[next(layer) % layers], wide, kv_lens, DIM ** -0.5, ws, config)
-
-    out["triton"] = graph_us(triton_call, layers)
-    got = decode_attention(q, own[0], wide, kv_lens, DIM ** -0.5, ws, config)
     def wrapper_run(tc: bool, split: bool, backend: str) -> Callable[[torch.Tensor], torch.Tensor]:
-        wrapper = flashinfer_decode(tc, rows, table, kv_len, hq, hkv, split, backend)
-        return lambda cache: wrapper.run(q, cache)
+        wrapper = flashinfer_decode(tc, rows, c.table, kv_len, hq, hkv, split, backend)
+        return lambda cache: wrapper.run(c.q, cache)
 
     makers: dict[str, Callable[[], Callable[[torch.Tensor], torch.Tensor]]] = {
         "flashinfer": lambda: wrapper_run(False, True, "auto"),
         "flashinfer_tc": lambda: wrapper_run(True, True, "auto"),
         "flashinfer_tc_nosplit": lambda: wrapper_run(True, False, "auto"),
         "flashinfer_fa3": lambda: wrapper_run(True, True, "fa3"),
-        "xqa": lambda: xqa_decode(q, kv_lens, wide),
+        "xqa": lambda: xqa_decode(c.q, c.kv_lens, c.wide),
     }
     for name, make in makers.items():
         try:
             run = make()
-            ref = run(caches[0])
-            out[name] = graph_us(lambda run=run: run(caches[next(layer) % layers]), layers)
+            ref = run(c.caches[0])
+            out[name] = graph_us(lambda run=run: run(c.caches[next(layer) % layers]), layers)
             out[f"err_{name}"] = (got.float() - ref.float()).abs().max().item()
         except Exception as e:  # noqa: BLE001 - a candidate this machine cannot run: reported, the others go on
             print(f"  {name} failed: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
             out[name], out[f"err_{name}"] = float("nan"), float("nan")
     return out
+
+
+def parse_config(text: str) -> DecodeConfig:
+    """"BLOCK_N/WARPS/STAGES", with "/h" for head-major programs: "64/4/3/h"."""
+    parts = text.split("/")
+    if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "h"):
+        raise argparse.ArgumentTypeError(f"config {text!r}: use BLOCK_N/WARPS/STAGES[/h]")
+    return DecodeConfig(block_n=int(parts[0]), warps=int(parts[1]), stages=int(parts[2]), head_major=len(parts) == 4)
+
+
+def sweep(args: argparse.Namespace, configs: list[DecodeConfig]) -> None:
+    """The Triton kernel alone under each configuration, per case; the best per case marked, and every output
+    checked against the first configuration's."""
+    for geometry in args.geometry.split(","):
+        for kv_len in map(int, args.kv.split(",")):
+            for rows in map(int, args.rows.split(",")):
+                if rows * kv_len > MAX_TOKENS:
+                    continue
+                c = Case.make(geometry, rows, kv_len, args.table_tokens, args.kv_dtype == "fp8")
+                times, first = [], None
+                for config in configs:
+                    us, got = c.triton(config, args.programs_per_sm)
+                    first = got if first is None else first
+                    diff = (got.float() - first.float()).abs().max().item()
+                    times.append(us if diff < 5e-2 else float("nan"))
+                best = min(range(len(times)), key=lambda i: times[i] if times[i] == times[i] else float("inf"))
+                cells = " ".join(f"{t:7.2f}{'*' if i == best else ' '}" for i, t in enumerate(times))
+                print(f"{geometry:8s} {args.kv_dtype:8s} kv {kv_len:5d} rows {rows:3d}: {cells}", flush=True)
+                del c
+                torch.cuda.empty_cache()
 
 
 def main() -> None:
@@ -145,7 +205,15 @@ def main() -> None:
     parser.add_argument("--programs-per-sm", type=int, default=PROGRAMS_PER_SM, help="sets the split counts")
     parser.add_argument("--kv-dtype", choices=["bfloat16", "fp8"], default="bfloat16",
                         help="the cache the Triton kernel reads (FlashInfer's always bfloat16)")
+    parser.add_argument("--configs", type=lambda text: [parse_config(t) for t in text.split(",")], default=None,
+                        help="sweep the Triton kernel alone over these, e.g. 32/4/2,64/4/3,64/8/3/h "
+                             "(BLOCK_N/WARPS/STAGES, /h: head-major programs)")
     args = parser.parse_args()
+    if args.configs:
+        print("configs: " + " ".join(f"{c.block_n}/{c.warps}/{c.stages}{'/h' if c.head_major else ''}"
+                                     for c in args.configs))
+        sweep(args, args.configs)
+        return
     config = DecodeConfig(block_n=args.block_n, warps=args.warps, stages=args.stages)
     print(f"config {config}, splits per bucket at {torch.cuda.get_device_properties(0).multi_processor_count} SMs")
     for geometry in args.geometry.split(","):

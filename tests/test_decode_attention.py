@@ -73,12 +73,12 @@ CASES = (  # (rows, kv lens, Hq, Hkv, page size)
 
 def check_kernel(device: str = "cpu") -> None:
     """Every case at split counts 1, 2 and 8 (some splits empty), blocks smaller and larger than a page, FMA and
-    tensor-core paths; launched twice with the same workspace (its counters reset themselves)."""
+    tensor-core paths, programs row-major and head-major; launched twice with the same workspace (its counters reset themselves)."""
     dk = kernel_module()
 
     d = 16 if device == "cpu" else 64
     configs = [dk.DecodeConfig(block_n=8, dot=False), dk.DecodeConfig(block_n=32, dot=False, warps=2),
-               dk.DecodeConfig(block_n=32, dot=True)]
+               dk.DecodeConfig(block_n=8, dot=False, head_major=True), dk.DecodeConfig(block_n=32, dot=True)]
     for dtype in (torch.float32, torch.bfloat16):
         for config in configs:
             if config.dot and dtype == torch.bfloat16 and device == "cpu":

@@ -65,12 +65,14 @@ MAX_SPLITS = 32
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """KV tokens per block, warps, pipeline stages; `dot`: the tensor cores (heads padded to 16), else FMAs."""
+    """KV tokens per block, warps, pipeline stages; `dot`: the tensor cores (heads padded to 16), else FMAs;
+    `head_major`: consecutive programs take a row's KV heads (which share its pages) rather than the rows."""
 
     block_n: int = 32
     warps: int = 4
     stages: int = 2
     dot: bool = True
+    head_major: bool = False
 
 
 DEFAULT_CONFIG = DecodeConfig()
@@ -142,11 +144,13 @@ def decode_attention(q: Tensor, cache: Tensor, page_table: Tensor, kv_lens: Tens
     if not cache.is_contiguous():
         raise ValueError("the KV cache must be contiguous")
     out = torch.empty_like(q)
-    _decode_kernel[(rows, num_kv_heads, workspace.splits)](
+    grid = (num_kv_heads, rows, workspace.splits) if config.head_major else (rows, num_kv_heads, workspace.splits)
+    _decode_kernel[grid](
         q, cache, page_table, kv_lens, out, workspace.partial_out, workspace.partial_ml, workspace.counters,
         scale, q.stride(0), q.stride(1), page_table.stride(0), out.stride(0), out.stride(1),
         HKV=num_kv_heads, G=group, G_PAD=gp, D=head_dim, PAGE=page_size, SPLITS=workspace.splits,
-        BLOCK_N=config.block_n, DOT=config.dot, num_warps=config.warps, num_stages=config.stages)
+        BLOCK_N=config.block_n, DOT=config.dot, HEAD_MAJOR=config.head_major, num_warps=config.warps,
+        num_stages=config.stages)
     return out
 
 
@@ -193,9 +197,13 @@ if triton is not None:
     def _decode_kernel(q_ptr, cache_ptr, pt_ptr, kv_lens_ptr, out_ptr, po_ptr, pml_ptr, counter_ptr, scale,
                        stride_qr, stride_qh, stride_pt, stride_or, stride_oh, HKV: tl.constexpr, G: tl.constexpr,
                        G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, SPLITS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, DOT: tl.constexpr):
-        row = tl.program_id(0)
-        h = tl.program_id(1)
+                       BLOCK_N: tl.constexpr, DOT: tl.constexpr, HEAD_MAJOR: tl.constexpr):
+        if HEAD_MAJOR:
+            h = tl.program_id(0)
+            row = tl.program_id(1)
+        else:
+            row = tl.program_id(0)
+            h = tl.program_id(1)
         s = tl.program_id(2)
         kv_len = tl.load(kv_lens_ptr + row)
         blocks = tl.cdiv(kv_len, BLOCK_N)
