@@ -180,7 +180,12 @@ def sweep(args: argparse.Namespace, configs: list[DecodeConfig]) -> None:
                 c = Case.make(geometry, rows, kv_len, args.table_tokens, args.kv_dtype == "fp8")
                 times, first = [], None
                 for config in configs:
-                    us, got = c.triton(config, args.programs_per_sm)
+                    try:
+                        us, got = c.triton(config, args.programs_per_sm)
+                    except Exception as e:  # noqa: BLE001 - a configuration this GPU cannot run (its resources)
+                        print(f"  {config} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                        times.append(float("nan"))
+                        continue
                     first = got if first is None else first
                     diff = (got.float() - first.float()).abs().max().item()
                     times.append(us if diff < 5e-2 else float("nan"))
