@@ -48,7 +48,7 @@ MAX_TOKENS = 1 << 18  # rows x KV length per case (the caches of every layer mus
 
 
 def flashinfer_decode(tensor_cores: bool, rows: int, table: torch.Tensor, kv_len: int, hq: int, hkv: int,
-                      split: bool = True, backend: str = "auto"):
+                      split: bool = True, backend: str = "auto", kv_dtype: torch.dtype = torch.bfloat16):
     """FlashInfer's graph-mode decode planned for the case; `split=False` (tensor cores only) plans it with
     disable_split_kv: one kernel, no merge; `backend="fa3"` (tensor cores) runs its SM90 prefill kernels."""
     import flashinfer
@@ -64,7 +64,7 @@ def flashinfer_decode(tensor_cores: bool, rows: int, table: torch.Tensor, kv_len
     indptr = torch.arange(rows + 1, dtype=torch.int32) * pages
     last = torch.full((rows,), kv_len - (pages - 1) * PAGE, dtype=torch.int32)
     wrapper.plan(indptr, table.flatten(), last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=DIM, page_size=PAGE,
-                 q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=DIM ** -0.5,
+                 q_data_type=torch.bfloat16, kv_data_type=kv_dtype, sm_scale=DIM ** -0.5,
                  **({} if split else {"disable_split_kv": True}))
     return wrapper
 
@@ -124,6 +124,16 @@ class Case:
 
         us = graph_us(lambda: call(self.own[next(layer) % layers]), layers)
         return us, call(self.own[0])
+
+    def flashinfer(self, tensor_cores: bool) -> tuple[float, torch.Tensor]:
+        """FlashInfer's graph-mode decode over the caches the Triton kernel reads (float8 ones too): microseconds
+        per launch, and its output on layer 0."""
+        layers, hq, hkv = GEOMETRIES[self.geometry]
+        wrapper = flashinfer_decode(tensor_cores, self.rows, self.table, self.kv_len, hq, hkv,
+                                    kv_dtype=self.own[0].dtype)
+        layer = itertools.count()
+        us = graph_us(lambda: wrapper.run(self.q, self.own[next(layer) % layers]), layers)
+        return us, wrapper.run(self.q, self.own[0])
 
 
 def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: int,
@@ -189,6 +199,14 @@ def sweep(args: argparse.Namespace, configs: list[DecodeConfig]) -> None:
                     first = got if first is None else first
                     diff = (got.float() - first.float()).abs().max().item()
                     times.append(us if diff < 5e-2 else float("nan"))
+                for tc in (False, True) if args.flashinfer else ():
+                    try:  # FlashInfer's decode over the same caches (float8 ones need its e4m3 modules)
+                        us, got = c.flashinfer(tc)
+                        diff = (got.float() - first.float()).abs().max().item()
+                        times.append(us if diff < 5e-2 else float("nan"))
+                    except Exception as e:  # noqa: BLE001 - no module for it here: reported, the sweep goes on
+                        print(f"  flashinfer (tensor cores {tc}) failed: {type(e).__name__}: {str(e)[:120]}")
+                        times.append(float("nan"))
                 best = min(range(len(times)), key=lambda i: times[i] if times[i] == times[i] else float("inf"))
                 cells = " ".join(f"{t:7.2f}{'*' if i == best else ' '}" for i, t in enumerate(times))
                 print(f"{geometry:8s} {args.kv_dtype:8s} kv {kv_len:5d} rows {rows:3d}: {cells}", flush=True)
@@ -213,10 +231,12 @@ def main() -> None:
     parser.add_argument("--configs", type=lambda text: [parse_config(t) for t in text.split(",")], default=None,
                         help="sweep the Triton kernel alone over these, e.g. 32/4/2,64/4/3,64/8/3/h "
                              "(BLOCK_N/WARPS/STAGES, /h: head-major programs)")
+    parser.add_argument("--flashinfer", action="store_true",
+                        help="with --configs: FlashInfer's CUDA-core and tensor-core decode too, over the same caches")
     args = parser.parse_args()
     if args.configs:
         print("configs: " + " ".join(f"{c.block_n}/{c.warps}/{c.stages}{'/h' if c.head_major else ''}"
-                                     for c in args.configs))
+                                     for c in args.configs) + (" flashinfer flashinfer_tc" if args.flashinfer else ""))
         sweep(args, args.configs)
         return
     config = DecodeConfig(block_n=args.block_n, warps=args.warps, stages=args.stages)
