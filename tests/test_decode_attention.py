@@ -73,7 +73,8 @@ CASES = (  # (rows, kv lens, Hq, Hkv, page size)
 
 def check_kernel(device: str = "cpu") -> None:
     """Every case at split counts 1, 2 and 8 (some splits empty), blocks smaller and larger than a page, FMA and
-    tensor-core paths, programs row-major and head-major; launched twice with the same workspace (its counters reset themselves)."""
+    tensor-core paths, programs row-major and head-major; launched twice with the same workspace (its counters
+    reset themselves)."""
     dk = kernel_module()
 
     d = 16 if device == "cpu" else 64

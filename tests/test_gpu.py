@@ -71,10 +71,11 @@ def _assert_same(eager: list, graphed: list, pcm_tol: float) -> None:
 @pytest.mark.parametrize("backend,dtype,model,kv", [("torch", "float32", "orpheus-tiny", "auto"),
                                                    ("flashinfer", "bfloat16", "orpheus", "auto"),
                                                    ("triton", "bfloat16", "orpheus", "auto"),
-                                                   ("triton", "bfloat16", "orpheus", "fp8")])
+                                                   ("triton", "bfloat16", "orpheus", "fp8"),
+                                                   ("flashinfer", "bfloat16", "orpheus", "fp8")])
 def test_graph_replay_equals_eager(backend: str, dtype: str, model: str, kv: str) -> None:
     """FlashInfer needs head_dim 64/128/256 and 16-bit types: the full-size model with dummy weights (the Triton
-    backend too: its prefill is captured, and with a float8 KV cache)."""
+    backend too: its prefill is captured; both with a float8 KV cache)."""
     if backend == "flashinfer" and not flashinfer_available():
         pytest.skip("flashinfer not installed")
     eager = _run(_config(backend, dtype, model, kv), use_graphs=False)
@@ -119,6 +120,14 @@ def test_flashinfer_equals_torch_backend(dtype: torch.dtype) -> None:
     kernel, at 24 over 8 FlashInfer's tensor-core decode."""
     for q_heads in (24, 16):
         _backend_against_torch("flashinfer", dtype, q_heads)
+
+
+@pytest.mark.skipif(not flashinfer_available(), reason="flashinfer not installed")
+def test_flashinfer_reads_a_float8_cache_as_the_torch_backend_does() -> None:
+    """The same batches through FlashInfer's e4m3 modules (tensor-core and CUDA-core decode, fa2 prefill) and the
+    buckets its backend serves with the Triton kernel, over a float8 cache."""
+    for q_heads in (24, 16):
+        _backend_against_torch("flashinfer", torch.bfloat16, q_heads, torch.float8_e4m3fn)
 
 
 @pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["model-dtype", "fp8"])

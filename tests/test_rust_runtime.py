@@ -228,10 +228,15 @@ def _bench_cuda(runtime: str, model: str, out: Path, *extra: str) -> subprocess.
     # a float8 KV cache: the planless Triton backend, its captured prefill and decode launched without a plan
     ("orpheus", ["--kv-cache-dtype", "fp8", "--load-format", "dummy", "--max-model-len", "512",
                  "--max-batch-size", "8", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']),
+    # and through FlashInfer's e4m3 modules, planned in Rust
+    ("orpheus", ["--kv-cache-dtype", "fp8", "--attention-backend", "flashinfer", "--load-format", "dummy",
+                 "--max-model-len", "512", "--max-batch-size", "8", "--bench-kwargs",
+                 '{"max_tokens": 70, "ignore_eos": true}']),
     # an in-context clone: the captured codec_prime graph launched by the Rust driver ("REF": the clip)
     ("qwen3-tts-base-tiny", ["--bench-audio", "REF", "--bench-kwargs",
                              '{"max_tokens": 24, "ref_text": "A reference sentence."}']),
-], ids=["orpheus", "qwen3", "orpheus-flashinfer", "orpheus-eager", "orpheus-fp8", "qwen3-base-in-context"])
+], ids=["orpheus", "qwen3", "orpheus-flashinfer", "orpheus-eager", "orpheus-fp8", "orpheus-fp8-flashinfer",
+        "qwen3-base-in-context"])
 def test_rust_bench_on_cuda_matches_python(rt, model: str, extra: list[str], tmp_path: Path) -> None:
     """On a GPU the Rust driver copies step_in up and step_out down in one transfer each and launches the
     captured graphs by their exec handles; eager stages and attention planning go through Python on its

@@ -136,7 +136,7 @@ FLAGS: tuple[Flag, ...] = (
     _f("--max-model-len", to=CacheConfig, type=int, help="longest prompt + generation, in tokens"),
     _f("--kv-cache-dtype", to=CacheConfig, choices=list(KV_CACHE_DTYPES),
        help="KV cache storage: auto (the model's dtype) or fp8 (float8 e4m3, unscaled: twice the tokens per byte; "
-            "served by the triton attention backend)"),
+            "read by the triton and flashinfer attention backends)"),
     # scheduling
     _f("--scheduler-type", to=SchedulerConfig, convert=_scheduler_type,
        help="base, online, offline, deadline, input_streaming (a name of base); see docs/scheduling.md"),
@@ -336,9 +336,6 @@ def _check_values(kept: dict[str, Any], runtime: str) -> None:
         raise CliError(f"--first-chunk-frames {first} must be at most --detokenize-interval {interval}")
     if not 0.0 < kept.get("gpu_memory_utilization", 0.9) <= 1.0:
         raise CliError("--gpu-memory-utilization must be in (0, 1]")
-    if kept.get("kv_cache_dtype", "auto") != "auto" and kept.get("attention_backend") == "flashinfer":
-        raise CliError(f"--kv-cache-dtype {kept['kv_cache_dtype']}: the flashinfer attention backend reads a cache in "
-                       "the model's dtype only; use --attention-backend triton (or auto, which picks it)")
     _check_model(kept)
     _check_bench(kept)
 

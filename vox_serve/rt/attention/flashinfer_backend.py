@@ -117,7 +117,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         """Plan from the CSR offsets the worker wrote into pinned host memory (copied asynchronously)."""
         self._plan = plan
         common = dict(num_kv_heads=self.num_kv_heads, page_size=self.page_size, q_data_type=self.dtype,
-                      kv_data_type=self.dtype, sm_scale=self.scale)
+                      kv_data_type=self.kv_dtype, sm_scale=self.scale)
         rows = plan.num_rows or plan.num_seqs
         indptr = inputs.kv_indptr[: rows + 1]
         last = inputs.kv_last_page_len[:rows]

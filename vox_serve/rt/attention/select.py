@@ -1,5 +1,6 @@
 """Choosing the attention backend: FlashInfer where it can serve the configuration, PyTorch otherwise; for a
-float8 KV cache (which FlashInfer's modules here do not read) the planless Triton kernels on a GPU."""
+float8 KV cache on a GPU the one FP8_BACKEND names (both FlashInfer, through its e4m3 modules, and the planless
+Triton kernels read one)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import torch
 
 from vox_serve.rt.attention.base import AttentionBackend
+from vox_serve.rt.attention.kv_write import FP8
 from vox_serve.rt.attention.torch_backend import TorchAttentionBackend
 from vox_serve.rt.attention.triton_backend import TritonAttentionBackend, triton_unsupported
 
@@ -21,11 +23,16 @@ def flashinfer_available() -> bool:
     return True
 
 
+FP8_BACKEND = "triton"  # what `auto` picks for a float8 cache on a GPU
+
+
 def flashinfer_unsupported(**kwargs: Any) -> str | None:
-    """Why FlashInfer cannot serve this configuration (None when it can)."""
+    """Why FlashInfer cannot serve this configuration (None when it can). A float8 cache is read by its e4m3
+    modules (the tensor-core decode and the prefill on its fa2 kernels: fa3 reads float8 only with float8
+    queries), compiled on first use unless carried prebuilt."""
     kv_dtype = kwargs.get("kv_dtype")
-    if kv_dtype is not None and kv_dtype != kwargs.get("dtype"):
-        return f"it reads a KV cache in the model's dtype here, not {kv_dtype} (the triton backend reads float8)"
+    if kv_dtype not in (None, kwargs.get("dtype"), FP8):
+        return f"it reads a KV cache in the model's dtype or in float8 e4m3, not {kv_dtype}"
     if torch.device(kwargs.get("device", "cpu")).type != "cuda":
         return "it needs a CUDA device"
     if kwargs.get("dtype") not in (torch.float16, torch.bfloat16):
@@ -38,11 +45,14 @@ def flashinfer_unsupported(**kwargs: Any) -> str | None:
 
 
 def auto_backend(**kwargs: Any) -> str:
-    """What `auto` picks: FlashInfer where it serves the configuration, else Triton where a float8 cache needs it
-    and it serves, else PyTorch."""
+    """What `auto` picks: for a float8 cache FP8_BACKEND where it serves; else FlashInfer where it serves the
+    configuration, else Triton where a float8 cache needs it and it serves, else PyTorch."""
+    narrow = kwargs.get("kv_dtype") not in (None, kwargs.get("dtype"))
+    unsupported = {"flashinfer": flashinfer_unsupported, "triton": triton_unsupported}
+    if narrow and unsupported[FP8_BACKEND](**kwargs) is None:
+        return FP8_BACKEND
     if flashinfer_unsupported(**kwargs) is None:
         return "flashinfer"
-    narrow = kwargs.get("kv_dtype") not in (None, kwargs.get("dtype"))
     return "triton" if narrow and triton_unsupported(**kwargs) is None else "torch"
 
 
