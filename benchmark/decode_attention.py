@@ -172,11 +172,10 @@ def case(geometry: str, rows: int, kv_len: int, config: DecodeConfig, per_sm: in
 
 
 def parse_config(text: str) -> DecodeConfig:
-    """"BLOCK_N/WARPS/STAGES", with "/h" for head-major programs: "64/4/3/h"."""
-    parts = text.split("/")
-    if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "h"):
-        raise argparse.ArgumentTypeError(f"config {text!r}: use BLOCK_N/WARPS/STAGES[/h]")
-    return DecodeConfig(block_n=int(parts[0]), warps=int(parts[1]), stages=int(parts[2]), head_major=len(parts) == 4)
+    try:
+        return DecodeConfig.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def sweep(args: argparse.Namespace, configs: list[DecodeConfig]) -> None:

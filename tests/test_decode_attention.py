@@ -167,6 +167,20 @@ def test_row_limit_switch(monkeypatch: pytest.MonkeyPatch) -> None:
             dk.max_rows()
 
 
+def test_config_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """VOX_TRITON_DECODE_CONFIG sets every launch's configuration (BLOCK_N/WARPS/STAGES[/h]); malformed ones are
+    refused with the expected form."""
+    dk = kernel_module()
+    monkeypatch.delenv(dk.CONFIG_ENV, raising=False)
+    assert dk.config_for(1, torch.bfloat16) == dk.DEFAULT_CONFIG
+    monkeypatch.setenv(dk.CONFIG_ENV, "128/8/3/h")
+    assert dk.config_for(256, torch.float8_e4m3fn) == dk.DecodeConfig(block_n=128, warps=8, stages=3,
+                                                                      head_major=True)
+    for bad in ("128/8", "64/4/3/x", "0/4/3", "a/b/c"):
+        with pytest.raises(ValueError, match="BLOCK_N/WARPS/STAGES"):
+            dk.DecodeConfig.parse(bad)
+
+
 def test_rejects_a_workspace_of_another_geometry() -> None:
     dk = kernel_module()
 

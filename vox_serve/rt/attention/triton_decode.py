@@ -38,6 +38,7 @@ as a participant it was slower still (Orpheus 2.141 ms at 1 row with `VOX_TRITON
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -75,7 +76,29 @@ class DecodeConfig:
     head_major: bool = False
 
 
+    @classmethod
+    def parse(cls, text: str) -> DecodeConfig:
+        """"BLOCK_N/WARPS/STAGES", with "/h" for head-major programs: "64/4/3/h"."""
+        parts = text.strip().split("/")
+        if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "h") or not all(
+                p.isdigit() and int(p) > 0 for p in parts[:3]):
+            raise ValueError(f"decode config {text!r}: use BLOCK_N/WARPS/STAGES[/h], e.g. 64/4/3")
+        return cls(block_n=int(parts[0]), warps=int(parts[1]), stages=int(parts[2]), head_major=len(parts) == 4)
+
+
 DEFAULT_CONFIG = DecodeConfig()
+CONFIG_ENV = "VOX_TRITON_DECODE_CONFIG"  # one configuration for every launch instead, for A/B measurements
+
+
+@functools.cache
+def _forced_config(value: str) -> DecodeConfig | None:
+    return DecodeConfig.parse(value) if value.strip() else None
+
+
+def config_for(rows: int, cache_dtype: torch.dtype) -> DecodeConfig:
+    """The configuration of a launch of `rows` rows over a cache of cache_dtype: VOX_TRITON_DECODE_CONFIG's when
+    set, else the default."""
+    return _forced_config(os.environ.get(CONFIG_ENV, "")) or DEFAULT_CONFIG
 
 
 def splits_for(rows: int, num_kv_heads: int, num_sms: int, per_sm: int = PROGRAMS_PER_SM) -> int:
@@ -128,8 +151,10 @@ def group_pad(group: int, config: DecodeConfig) -> int:
 
 
 def decode_attention(q: Tensor, cache: Tensor, page_table: Tensor, kv_lens: Tensor, scale: float,
-                     workspace: DecodeWorkspace, config: DecodeConfig = DEFAULT_CONFIG) -> Tensor:
-    """See the module docstring. `workspace` was allocated for at least q's rows and this geometry."""
+                     workspace: DecodeWorkspace, config: DecodeConfig | None = None) -> Tensor:
+    """See the module docstring. `workspace` was allocated for at least q's rows and this geometry; `config`
+    defaults to config_for(rows, cache dtype)."""
+    config = config or config_for(q.shape[0], cache.dtype)
     rows, num_q_heads, head_dim = q.shape
     _, two, page_size, num_kv_heads, cache_dim = cache.shape
     group = num_q_heads // num_kv_heads
