@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -180,7 +181,9 @@ def parse_config(text: str) -> DecodeConfig:
 
 def sweep(args: argparse.Namespace, configs: list[DecodeConfig]) -> None:
     """The Triton kernel alone under each configuration, per case; the best per case marked, and every output
-    checked against the first configuration's."""
+    checked against the first configuration's; last, the configuration nearest each case's best Triton time over
+    all cases (geometric mean), as `best NAME`."""
+    slowdown = [0.0] * len(configs)  # sum of log(time / the case's best Triton time)
     for geometry in args.geometry.split(","):
         for kv_len in map(int, args.kv.split(",")):
             for rows in map(int, args.rows.split(",")):
@@ -201,6 +204,7 @@ def sweep(args: argparse.Namespace, configs: list[DecodeConfig]) -> None:
                 for tc in (False, True) if args.flashinfer else ():
                     try:  # FlashInfer's decode over the same caches (float8 ones need its e4m3 modules)
                         us, got = c.flashinfer(tc)
+                        first = got if first is None else first
                         diff = (got.float() - first.float()).abs().max().item()
                         times.append(us if diff < 5e-2 else float("nan"))
                     except Exception as e:  # noqa: BLE001 - no module for it here: reported, the sweep goes on
@@ -209,8 +213,14 @@ def sweep(args: argparse.Namespace, configs: list[DecodeConfig]) -> None:
                 best = min(range(len(times)), key=lambda i: times[i] if times[i] == times[i] else float("inf"))
                 cells = " ".join(f"{t:7.2f}{'*' if i == best else ' '}" for i, t in enumerate(times))
                 print(f"{geometry:8s} {args.kv_dtype:8s} kv {kv_len:5d} rows {rows:3d}: {cells}", flush=True)
+                fastest = min((t for t in times[: len(configs)] if t == t), default=float("nan"))
+                for i, t in enumerate(times[: len(configs)]):
+                    slowdown[i] += math.log(t / fastest) if t == t else float("inf")
                 del c
                 torch.cuda.empty_cache()
+    i = min(range(len(configs)), key=lambda i: slowdown[i] if slowdown[i] == slowdown[i] else float("inf"))
+    c = configs[i]
+    print(f"best {c.block_n}/{c.warps}/{c.stages}{'/h' if c.head_major else ''}")
 
 
 def main() -> None:

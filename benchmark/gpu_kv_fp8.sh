@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The float8 KV cache (--kv-cache-dtype fp8, served by the planless Triton attention backend) against the default
 # (a bfloat16 cache, FlashInfer), in one device call on one GPU (results under $OUT), in this order:
-#   1. Orpheus' offline workload (256 at once, benchmark/gpu_runtimes.sh, Rust runtime), the default and fp8;
+#   0. (PARTS sweep) the Triton decode kernel's configurations over float8 caches, and FlashInfer's e4m3 decode,
+#      alone (benchmark/decode_attention.py --configs CONFIGS); the best overall is set for the parts after it
+#      (VOX_TRITON_DECODE_CONFIG);
+#   1. Orpheus' offline workload (256 at once, benchmark/gpu_runtimes.sh, Rust runtime), the default and fp8
+#      (the triton backend, then FlashInfer's e4m3 modules);
 #   2. the GPU tier's checks of the Triton backend (tests/test_triton_attention.py; tests/test_gpu.py: the backend
 #      against the PyTorch one in bfloat16 and float8, full-size Orpheus' graphs equal to its eager steps;
 #      tests/test_rust_runtime.py: the Rust runtime's WAVs equal the Python runtime's with a float8 cache);
@@ -12,7 +16,7 @@
 # Each part runs while time is left of LIMIT seconds (default 560). Usage (repo root, carrying .whl from
 # benchmark/gpu_wheels.sh, vox_serve/_rt.abi3.so from `pip install -e .`, and .fiaot.tgz):
 #   VOX_GIT_COMMIT=$(git rev-parse --short HEAD) LIMIT=560 bash benchmark/gpu_kv_fp8.sh
-# PARTS (default "tests offline ttfa qwen profile") picks parts.
+# PARTS (default "tests offline ttfa qwen profile") picks parts; "sweep" comes first when named.
 set -u
 cd "$(dirname "$0")/.."
 LIMIT=${LIMIT:-560}
@@ -33,14 +37,26 @@ ttfa() {  # model tag flags...: a lone request's first steps from its trace, whi
   RS_EXTRA="$*" TAG=$tag MODELS=$model TIMEOUT=$(( $(left) < 90 ? $(left) : 90 )) \
     bash benchmark/gpu_ttfa_trace.sh 2>&1 | grep -E "rc=|^step +(1|2|28|29) |^steps|rror"
 }
+if part sweep; then
+  CONFIGS=${CONFIGS:-32/4/2,64/4/2,64/8/2,128/4/2,128/8/2,128/8/3,64/4/3/h,128/8/2/h}
+  timeout $(( $(left) < 140 ? $(left) : 140 )) python3 benchmark/decode_attention.py --kv-dtype fp8 --flashinfer \
+    --geometry orpheus --rows 256,64 --kv 512,1024 --configs "$CONFIGS" 2>&1 | grep -v -i warn > "$OUT/sweep_fp8.txt"
+  cat "$OUT/sweep_fp8.txt"
+  best=$(sed -n 's/^best //p' "$OUT/sweep_fp8.txt")
+  [ -n "$best" ] && export VOX_TRITON_DECODE_CONFIG=$best && echo "VOX_TRITON_DECODE_CONFIG=$best"
+fi
 if part offline; then
   offline orpheus bf16
   offline orpheus fp8 --kv-cache-dtype fp8
+  offline orpheus fp8flashinfer --kv-cache-dtype fp8 --attention-backend flashinfer
 fi
 if part tests; then
   timeout "$(left)" python3 -m pytest -q -m gpu tests/test_triton_attention.py \
     "tests/test_gpu.py::test_triton_backend_equals_torch_backend" "tests/test_gpu.py::test_graph_replay_equals_eager" \
-    "tests/test_rust_runtime.py::test_rust_bench_on_cuda_matches_python[orpheus-fp8]" -k "triton or fp8 or compiled" \
+    "tests/test_gpu.py::test_flashinfer_reads_a_float8_cache_as_the_torch_backend_does" \
+    "tests/test_rust_runtime.py::test_rust_bench_on_cuda_matches_python[orpheus-fp8]" \
+    "tests/test_rust_runtime.py::test_rust_bench_on_cuda_matches_python[orpheus-fp8-flashinfer]" \
+    -k "triton or fp8 or compiled or float8" \
     > "$OUT/tests.txt" 2>&1
   echo "tests rc=$?: $(tail -1 "$OUT/tests.txt" 2>/dev/null)"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.txt" | head -5
