@@ -56,7 +56,7 @@ MAX_ROWS = 2  # the decode buckets served by default where FlashInfer's decode w
 # and these at every geometry: measured in the captured step on an H100 (benchmark/results/h100-2026-12-06,
 # graph ms with FlashInfer / this kernel): Orpheus-3B 16 rows 3.381 / 3.324, 64: 4.787 / 4.434, 256: 9.536 /
 # 9.634; Qwen3-TTS frame 16: 6.143 / 6.105, 64: 7.802 / 7.670, 256: 14.90 / 15.36 (a loss)
-WIDE_ROWS = range(16, 65)
+WIDE_ROWS = range(16, 257)
 ROWS_ENV = "VOX_TRITON_DECODE_ROWS"  # a row limit instead (every bucket up to it), for A/B measurements
 
 # Programs per step the split count aims at (a few per SM), and its bounds.
@@ -95,10 +95,26 @@ def _forced_config(value: str) -> DecodeConfig | None:
     return DecodeConfig.parse(value) if value.strip() else None
 
 
+# Measured alone on an H100 (benchmark/results/h100-2026-12-07c, sweep*.txt; us per layer launch, Orpheus'
+# geometry): over a float8 cache 128-token blocks won at 256 rows (512 tokens: 127.2 against 156.8 with the
+# default; 1024: 235.7 against 304.6) and 64-token blocks at 1-64 rows (1 row 7.7 against 9.2 with 128); over a
+# bfloat16 cache 128-token blocks with 3 stages won at 64 and 256 rows for both geometries (Orpheus 256 x 512:
+# 184.4 against 195.6 with the default and FlashInfer's 196.3; Qwen3-TTS 183.4 against FlashInfer's 186.5).
+LARGE_ROWS = 64  # from this bucket on the large-batch configurations
+FP8_LARGE = DecodeConfig(block_n=128, warps=4, stages=2)
+FP8_SMALL = DecodeConfig(block_n=64, warps=4, stages=2)
+WIDE_LARGE = DecodeConfig(block_n=128, warps=4, stages=3)
+
+
 def config_for(rows: int, cache_dtype: torch.dtype) -> DecodeConfig:
     """The configuration of a launch of `rows` rows over a cache of cache_dtype: VOX_TRITON_DECODE_CONFIG's when
-    set, else the default."""
-    return _forced_config(os.environ.get(CONFIG_ENV, "")) or DEFAULT_CONFIG
+    set, else the measured one (above)."""
+    forced = _forced_config(os.environ.get(CONFIG_ENV, ""))
+    if forced is not None:
+        return forced
+    if cache_dtype.itemsize == 1:
+        return FP8_LARGE if rows > LARGE_ROWS else FP8_SMALL
+    return WIDE_LARGE if rows >= LARGE_ROWS else DEFAULT_CONFIG
 
 
 def splits_for(rows: int, num_kv_heads: int, num_sms: int, per_sm: int = PROGRAMS_PER_SM) -> int:
