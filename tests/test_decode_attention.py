@@ -79,7 +79,8 @@ def check_kernel(device: str = "cpu") -> None:
 
     d = 16 if device == "cpu" else 64
     configs = [dk.DecodeConfig(block_n=8, dot=False), dk.DecodeConfig(block_n=32, dot=False, warps=2),
-               dk.DecodeConfig(block_n=8, dot=False, head_major=True), dk.DecodeConfig(block_n=32, dot=True)]
+               dk.DecodeConfig(block_n=8, dot=False, head_major=True), dk.DecodeConfig(block_n=32, dot=True),
+               dk.WIDE_LARGE, dk.FP8_SMALL]  # the measured ones: blocks of several pages
     for dtype in (torch.float32, torch.bfloat16):
         for config in configs:
             if config.dot and dtype == torch.bfloat16 and device == "cpu":
@@ -149,12 +150,12 @@ def test_row_limit_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     bucket up to its limit; anything but a positive count is refused."""
     dk = kernel_module()
     on = dk.triton is not None
-    assert not serves(rows=8) and not serves(rows=128)
-    assert serves(rows=16) == serves(rows=64) == serves(rows=64, tensor_cores=True) == on  # WIDE_ROWS, any geometry
-    assert not serves(rows=65)
+    assert not serves(rows=8) and not serves(rows=512)
+    assert serves(rows=16) == serves(rows=64) == serves(rows=256, tensor_cores=True) == on  # WIDE_ROWS, any geometry
+    assert not serves(rows=257)
     monkeypatch.setenv(dk.ROWS_ENV, "64")
     assert serves(rows=64) == (dk.triton is not None)
-    assert not serves(rows=65)
+    assert not serves(rows=65) and not serves(rows=256)  # a set limit replaces WIDE_ROWS
     monkeypatch.setenv(dk.ROWS_ENV, "1")
     assert not serves(rows=2) and not serves(rows=16)  # a set limit replaces WIDE_ROWS
     monkeypatch.delenv(dk.ROWS_ENV)
@@ -172,7 +173,10 @@ def test_config_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     refused with the expected form."""
     dk = kernel_module()
     monkeypatch.delenv(dk.CONFIG_ENV, raising=False)
-    assert dk.config_for(1, torch.bfloat16) == dk.DEFAULT_CONFIG
+    assert dk.config_for(1, torch.bfloat16) == dk.config_for(64, torch.bfloat16) == dk.DEFAULT_CONFIG
+    assert dk.config_for(65, torch.bfloat16) == dk.config_for(256, torch.float16) == dk.WIDE_LARGE  # measured
+    assert dk.config_for(64, torch.float8_e4m3fn) == dk.FP8_SMALL and dk.config_for(256, torch.float8_e4m3fn) == \
+        dk.FP8_LARGE
     monkeypatch.setenv(dk.CONFIG_ENV, "128/8/3/h")
     assert dk.config_for(256, torch.float8_e4m3fn) == dk.DecodeConfig(block_n=128, warps=8, stages=3,
                                                                       head_major=True)

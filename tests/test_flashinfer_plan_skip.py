@@ -104,13 +104,13 @@ def test_tensor_core_geometries_keep_planning_unless_the_kernel_serves_them(
 
 
 def test_wide_buckets_run_the_kernel_at_every_geometry(backend_module: types.ModuleType) -> None:
-    """16-64 rows (triton_decode.WIDE_ROWS): the kernel, planned once, for a tensor-core geometry too."""
+    """16-256 rows (triton_decode.WIDE_ROWS): the kernel, planned once, for a tensor-core geometry too."""
     orpheus = make_backend(backend_module, q_heads=24)
-    outputs = [step(orpheus, rows) for _ in range(2) for rows in (8, 16, 64, 128)]
-    assert outputs == [1.0, 2.0, 2.0, 1.0] * 2 and plans(orpheus) == {8: 2, 16: 1, 64: 1, 128: 2}
+    outputs = [step(orpheus, rows) for _ in range(2) for rows in (8, 16, 256, 512)]
+    assert outputs == [1.0, 2.0, 2.0, 1.0] * 2 and plans(orpheus) == {8: 2, 16: 1, 256: 1, 512: 2}
     layout = orpheus.planner_layout()["decode"]
     assert {rows: entry["reads_plan"] for rows, entry in layout.items()} == {
-        "8": True, "16": False, "64": False, "128": True}
+        "8": True, "16": False, "256": False, "512": True}
 
 
 def test_switched_off_or_past_the_row_limit_every_launch_is_planned(

@@ -12,11 +12,12 @@ Decode buckets of 1-2 rows whose decode would run FlashInfer's CUDA-core kernels
 TENSOR_CORE_GROUP: Qwen3-TTS's talker) run `rt/attention/triton_decode`'s planless kernel instead (on an H200
 the Qwen3-TTS frame at 1 row 3.667 -> 3.615 ms, at 2 rows 4.144 -> 4.112; `VOX_TRITON_DECODE=0` keeps
 FlashInfer's). Against the tensor-core decode it won alone but lost in Orpheus' step (2.098 -> 2.119 ms at 1 row,
-2.459 -> 2.524 at 2), so that stays FlashInfer's there; buckets of 16-64 rows run the kernel at every geometry
-(triton_decode.WIDE_ROWS, measured in the step). Which kernel a bucket runs is fixed by its geometry
-(`triton_decode.serves_geometry`), so the wrapper of a Triton bucket is planned once, at its first launch (the
-capture), and not again: a runtime planning by itself still finds one planner per captured bucket, with the plan
-info the graph was captured with, and this one spends no host time per step on a plan no kernel reads.
+2.459 -> 2.524 at 2), so that stays FlashInfer's there; buckets of 16-256 rows run the kernel at every geometry
+(triton_decode.WIDE_ROWS, measured in the step; above 64 rows with 128-token blocks, triton_decode.config_for).
+Which kernel a bucket runs is fixed by its geometry (`triton_decode.serves_geometry`), so the wrapper of a Triton
+bucket is planned once, at its first launch (the capture), and not again: a runtime planning by itself still finds
+one planner per captured bucket, with the plan info the graph was captured with, and this one spends no host time
+per step on a plan no kernel reads.
 
 A planner copies its pinned integer workspace to the device asynchronously; before a wrapper is
 planned again its previous copy must have run, or the next plan would overwrite the pinned bytes

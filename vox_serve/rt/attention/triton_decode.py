@@ -25,9 +25,10 @@ Measured on an H200 (benchmark/results/h200-2026-12-03d/decode_attention.txt; `b
 microseconds per layer launch in a CUDA graph against FlashInfer's graph-mode decode: Orpheus-3B's geometry at 1
 row 7.1 against 9.7 (tensor cores) at 256 tokens, 10.7 against 11.6 at 1024; Qwen3-TTS's 6.3 against 8.9 and 9.1
 against 10.3 (CUDA cores); at 2 rows 8.4 / 12.3 against 10.1-10.6 / 11.0-12.6; from 4 rows on the two trade places
-by length, so FlashInfer keeps the buckets of 3-15 rows (MAX_ROWS); from 16 to 64 rows (WIDE_ROWS) the kernel
-won in the captured step of both models on an H100 and serves every geometry, at 256 it lost
-(benchmark/results/h100-2026-12-06; `VOX_TRITON_DECODE_ROWS=N` serves every bucket up to N rows instead, for
+by length, so FlashInfer keeps the buckets of 3-15 rows (MAX_ROWS); from 16 to 256 rows (WIDE_ROWS) the kernel
+serves every geometry: it won in the captured step of both models on an H100 at 16-64 rows, and at 256 once its
+blocks grew to 128 tokens (`config_for`; benchmark/results/h100-2026-12-06 and -07c;
+`VOX_TRITON_DECODE_ROWS=N` serves every bucket up to N rows instead, for
 A/B measurements; alone it led at 64 rows, Orpheus' geometry 38.9 us against 47.3, in
 benchmark/results/h200-2026-12-03e). In the captured decode step (graph_ms) it gained for
 Qwen3-TTS's talker (group 2: 3.667 -> 3.615 ms at 1 row) and lost for Orpheus (group 3: 2.098 -> 2.119 ms), whose
@@ -54,8 +55,10 @@ except Exception:  # noqa: BLE001 - no Triton: FlashInfer serves every bucket
 ENV = "VOX_TRITON_DECODE"
 MAX_ROWS = 2  # the decode buckets served by default where FlashInfer's decode would run on CUDA cores
 # and these at every geometry: measured in the captured step on an H100 (benchmark/results/h100-2026-12-06,
-# graph ms with FlashInfer / this kernel): Orpheus-3B 16 rows 3.381 / 3.324, 64: 4.787 / 4.434, 256: 9.536 /
-# 9.634; Qwen3-TTS frame 16: 6.143 / 6.105, 64: 7.802 / 7.670, 256: 14.90 / 15.36 (a loss)
+# graph ms with FlashInfer / this kernel): Orpheus-3B 16 rows 3.381 / 3.324, 64: 4.787 / 4.434; at 256 rows
+# the kernel lost with 32-token blocks (Orpheus 9.536 / 9.634, the Qwen3-TTS frame 14.90 / 15.36) and wins with
+# WIDE_LARGE's 128: Orpheus offline, 256 at once, 227.5x -> 235.5x real time (underruns 7043 -> 3637), Qwen3-TTS
+# 691.3x -> 690.4x, in one call (benchmark/results/h100-2026-12-07c)
 WIDE_ROWS = range(16, 257)
 ROWS_ENV = "VOX_TRITON_DECODE_ROWS"  # a row limit instead (every bucket up to it), for A/B measurements
 
@@ -99,8 +102,10 @@ def _forced_config(value: str) -> DecodeConfig | None:
 # geometry): over a float8 cache 128-token blocks won at 256 rows (512 tokens: 127.2 against 156.8 with the
 # default; 1024: 235.7 against 304.6) and 64-token blocks at 1-64 rows (1 row 7.7 against 9.2 with 128); over a
 # bfloat16 cache 128-token blocks with 3 stages won at 64 and 256 rows for both geometries (Orpheus 256 x 512:
-# 184.4 against 195.6 with the default and FlashInfer's 196.3; Qwen3-TTS 183.4 against FlashInfer's 186.5).
-LARGE_ROWS = 64  # from this bucket on the large-batch configurations
+# 184.4 against 195.6 with the default and FlashInfer's 196.3; Qwen3-TTS 183.4 against FlashInfer's 186.5). In
+# Orpheus' captured step at 64 rows, though, the bfloat16 kernel took 1.523 ms with 128-token blocks against
+# 1.400 with the default (another H100, benchmark/results/h100-2026-12-07b), so they start above 64 rows.
+LARGE_ROWS = 64  # above this bucket the large-batch configurations
 FP8_LARGE = DecodeConfig(block_n=128, warps=4, stages=2)
 FP8_SMALL = DecodeConfig(block_n=64, warps=4, stages=2)
 WIDE_LARGE = DecodeConfig(block_n=128, warps=4, stages=3)
@@ -114,7 +119,7 @@ def config_for(rows: int, cache_dtype: torch.dtype) -> DecodeConfig:
         return forced
     if cache_dtype.itemsize == 1:
         return FP8_LARGE if rows > LARGE_ROWS else FP8_SMALL
-    return WIDE_LARGE if rows >= LARGE_ROWS else DEFAULT_CONFIG
+    return WIDE_LARGE if rows > LARGE_ROWS else DEFAULT_CONFIG
 
 
 def splits_for(rows: int, num_kv_heads: int, num_sms: int, per_sm: int = PROGRAMS_PER_SM) -> int:
