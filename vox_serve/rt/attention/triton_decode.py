@@ -70,7 +70,8 @@ MAX_SPLITS = 32
 @dataclass(frozen=True)
 class DecodeConfig:
     """KV tokens per block, warps, pipeline stages; `dot`: the tensor cores (heads padded to 16), else FMAs;
-    `head_major`: consecutive programs take a row's KV heads (which share its pages) rather than the rows."""
+    `head_major`: consecutive programs take a row's KV heads (which share its pages) rather than the rows (on an
+    H100 within a few percent of row-major either way, benchmark/results/h100-2026-12-07c: off)."""
 
     block_n: int = 32
     warps: int = 4
