@@ -122,10 +122,11 @@ def test_splits_for_fills_the_device() -> None:
         assert s & (s - 1) == 0 and 1 <= s <= MAX_SPLITS
 
 
-def serves(rows: int = 1, q_heads: int = 4, head_dim: int = 16, tensor_cores: bool = False, cuda: bool = True) -> bool:
+def serves(rows: int = 1, q_heads: int = 4, head_dim: int = 16, tensor_cores: bool = False, cuda: bool = True,
+           page_size: int = 4) -> bool:
     """triton_decode.serves_geometry for a cache of 2 KV heads and pages of 4 tokens."""
-    return kernel_module().serves_geometry(rows=rows, q_heads=q_heads, kv_heads=2, head_dim=head_dim, page_size=4,
-                                           tensor_cores=tensor_cores, cuda=cuda)
+    return kernel_module().serves_geometry(rows=rows, q_heads=q_heads, kv_heads=2, head_dim=head_dim,
+                                           page_size=page_size, tensor_cores=tensor_cores, cuda=cuda)
 
 
 def test_serves_few_row_cuda_launches_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,6 +181,8 @@ def test_config_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(dk.CONFIG_ENV, "128/8/3/h")
     assert dk.config_for(256, torch.float8_e4m3fn) == dk.DecodeConfig(block_n=128, warps=8, stages=3,
                                                                       head_major=True)
+    assert dk.blocks_fit(16) and dk.blocks_fit(256) and not dk.blocks_fit(96)  # 96: a multiple of 32, not of 64
+    assert not serves(rows=16, page_size=96)
     for bad in ("128/8", "64/4/3/x", "0/4/3", "a/b/c"):
         with pytest.raises(ValueError, match="BLOCK_N/WARPS/STAGES"):
             dk.DecodeConfig.parse(bad)

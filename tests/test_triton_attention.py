@@ -185,6 +185,15 @@ def test_flashinfer_reads_float8_only_and_the_triton_backend_needs_a_gpu() -> No
     assert auto_backend(**backend_kwargs(kv_dtype=FP8)) == "torch"  # the CPU: the reference reads float8 too
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_triton_backend_refuses_pages_its_decode_blocks_do_not_tile() -> None:
+    from vox_serve.rt.attention.triton_backend import triton_unsupported
+
+    assert triton_unsupported(device="cuda", head_dim=128, page_size=16) is None
+    why = triton_unsupported(device="cuda", head_dim=128, page_size=96)
+    assert why is not None and "page size 96" in why and "32, 64, 128" in why
+
+
 def test_torch_backend_keeps_a_float8_cache_close_to_a_full_one() -> None:
     """Prefill then decode over the same K/V in a float32 and a float8 cache: the outputs agree within float8's
     precision (a relative error of a few percent: 3 mantissa bits, averaged by the softmax), and the float8

@@ -29,9 +29,9 @@ def triton_unsupported(*, device: Any = "cpu", head_dim: int = 0, page_size: int
         return "Triton is not installed (or does not import)"
     if head_dim < 16 or head_dim & (head_dim - 1):
         return f"head_dim {head_dim} is not a power of two >= 16"
-    block = triton_decode.DEFAULT_CONFIG.block_n
-    if block % page_size and page_size % block:
-        return f"page size {page_size} neither divides nor is divided by {block}"
+    if not triton_decode.blocks_fit(page_size):
+        blocks = ", ".join(map(str, triton_decode.BLOCKS))
+        return f"page size {page_size} neither divides nor is divided by each decode block ({blocks} tokens)"
     return None
 
 

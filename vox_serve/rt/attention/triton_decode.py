@@ -112,6 +112,14 @@ FP8_SMALL = DecodeConfig(block_n=64, warps=4, stages=2)
 WIDE_LARGE = DecodeConfig(block_n=128, warps=4, stages=3)
 
 
+BLOCKS = tuple(sorted({c.block_n for c in (DEFAULT_CONFIG, FP8_SMALL, FP8_LARGE, WIDE_LARGE)}))
+
+
+def blocks_fit(page_size: int) -> bool:
+    """Whether every measured configuration's KV block (BLOCKS) divides or is divided by the page size."""
+    return all(block % page_size == 0 or page_size % block == 0 for block in BLOCKS)
+
+
 def config_for(rows: int, cache_dtype: torch.dtype) -> DecodeConfig:
     """The configuration of a launch of `rows` rows over a cache of cache_dtype: VOX_TRITON_DECODE_CONFIG's when
     set, else the measured one (above)."""
@@ -329,9 +337,7 @@ def serves_geometry(*, rows: int, q_heads: int, kv_heads: int, head_dim: int, pa
     value = setting()
     if triton is None or not cuda or value == "0":
         return False
-    block = DEFAULT_CONFIG.block_n
-    if not (head_dim & (head_dim - 1) == 0 and q_heads % kv_heads == 0
-            and (block % page_size == 0 or page_size % block == 0)):
+    if not (head_dim & (head_dim - 1) == 0 and q_heads % kv_heads == 0 and blocks_fit(page_size)):
         return False
     few = rows <= max_rows() and (not tensor_cores or value == "all")
     return few or (rows in WIDE_ROWS and not os.environ.get(ROWS_ENV, "").strip())
