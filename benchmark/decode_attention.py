@@ -22,10 +22,11 @@ wins at 1-2 rows (benchmark/results/h200-2026-12-03d).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,48 +180,51 @@ def parse_config(text: str) -> DecodeConfig:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def shapes(args: argparse.Namespace) -> Iterator[tuple[str, int, int]]:
+    """(geometry, KV length, rows) of every case asked for whose caches fit (MAX_TOKENS)."""
+    for geometry, kv_len, rows in itertools.product(args.geometry.split(","), map(int, args.kv.split(",")),
+                                                    map(int, args.rows.split(","))):
+        if rows * kv_len <= MAX_TOKENS:
+            yield geometry, kv_len, rows
+
+
+def checked_time(run: Callable[[], tuple[float, torch.Tensor]], first: torch.Tensor | None, name: str
+                 ) -> tuple[float, torch.Tensor | None]:
+    """A candidate's microseconds (nan when it fails here or its output differs from `first` by 5e-2 or more),
+    and the output later candidates are checked against."""
+    try:
+        us, got = run()
+    except Exception as e:  # noqa: BLE001 - a candidate this GPU cannot run (its resources, no module): reported
+        print(f"  {name} failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
+        return float("nan"), first
+    first = got if first is None else first
+    return (us if (got.float() - first.float()).abs().max().item() < 5e-2 else float("nan")), first
+
+
 def sweep(args: argparse.Namespace, configs: list[DecodeConfig]) -> None:
-    """The Triton kernel alone under each configuration, per case; the best per case marked, and every output
-    checked against the first configuration's; last, the configuration nearest each case's best Triton time over
-    all cases (geometric mean), as `best NAME`."""
+    """The Triton kernel alone under each configuration, per case (with --flashinfer FlashInfer's decode after
+    them); the best per case marked, every output checked against the first; last, the configuration nearest
+    each case's best Triton time over all cases (geometric mean), as `best NAME`."""
     slowdown = [0.0] * len(configs)  # sum of log(time / the case's best Triton time)
-    for geometry in args.geometry.split(","):
-        for kv_len in map(int, args.kv.split(",")):
-            for rows in map(int, args.rows.split(",")):
-                if rows * kv_len > MAX_TOKENS:
-                    continue
-                c = Case.make(geometry, rows, kv_len, args.table_tokens, args.kv_dtype == "fp8")
-                times, first = [], None
-                for config in configs:
-                    try:
-                        us, got = c.triton(config, args.programs_per_sm)
-                    except Exception as e:  # noqa: BLE001 - a configuration this GPU cannot run (its resources)
-                        print(f"  {config} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
-                        times.append(float("nan"))
-                        continue
-                    first = got if first is None else first
-                    diff = (got.float() - first.float()).abs().max().item()
-                    times.append(us if diff < 5e-2 else float("nan"))
-                for tc in (False, True) if args.flashinfer else ():
-                    try:  # FlashInfer's decode over the same caches (float8 ones need its e4m3 modules)
-                        us, got = c.flashinfer(tc)
-                        first = got if first is None else first
-                        diff = (got.float() - first.float()).abs().max().item()
-                        times.append(us if diff < 5e-2 else float("nan"))
-                    except Exception as e:  # noqa: BLE001 - no module for it here: reported, the sweep goes on
-                        print(f"  flashinfer (tensor cores {tc}) failed: {type(e).__name__}: {str(e)[:120]}")
-                        times.append(float("nan"))
-                best = min(range(len(times)), key=lambda i: times[i] if times[i] == times[i] else float("inf"))
-                cells = " ".join(f"{t:7.2f}{'*' if i == best else ' '}" for i, t in enumerate(times))
-                print(f"{geometry:8s} {args.kv_dtype:8s} kv {kv_len:5d} rows {rows:3d}: {cells}", flush=True)
-                fastest = min((t for t in times[: len(configs)] if t == t), default=float("nan"))
-                for i, t in enumerate(times[: len(configs)]):
-                    slowdown[i] += math.log(t / fastest) if t == t else float("inf")
-                del c
-                torch.cuda.empty_cache()
-    i = min(range(len(configs)), key=lambda i: slowdown[i] if slowdown[i] == slowdown[i] else float("inf"))
-    c = configs[i]
-    print(f"best {c.block_n}/{c.warps}/{c.stages}{'/h' if c.head_major else ''}")
+    for geometry, kv_len, rows in shapes(args):
+        c = Case.make(geometry, rows, kv_len, args.table_tokens, args.kv_dtype == "fp8")
+        runs = [(config.name, functools.partial(c.triton, config, args.programs_per_sm)) for config in configs]
+        runs += [(f"flashinfer (tensor cores {tc})", functools.partial(c.flashinfer, tc))
+                 for tc in ((False, True) if args.flashinfer else ())]
+        times, first = [], None
+        for name, run in runs:
+            us, first = checked_time(run, first, name)
+            times.append(us)
+        ranked = [t if t == t else math.inf for t in times]  # failures last
+        best = ranked.index(min(ranked))
+        cells = " ".join(f"{t:7.2f}{'*' if i == best else ' '}" for i, t in enumerate(times))
+        print(f"{geometry:8s} {args.kv_dtype:8s} kv {kv_len:5d} rows {rows:3d}: {cells}", flush=True)
+        fastest = min(ranked[: len(configs)])
+        for i, t in enumerate(ranked[: len(configs)]):
+            slowdown[i] += math.log(t / fastest) if t < math.inf else math.inf
+        del c
+        torch.cuda.empty_cache()
+    print(f"best {configs[slowdown.index(min(slowdown))].name}")
 
 
 def main() -> None:
@@ -244,26 +248,21 @@ def main() -> None:
                         help="with --configs: FlashInfer's CUDA-core and tensor-core decode too, over the same caches")
     args = parser.parse_args()
     if args.configs:
-        print("configs: " + " ".join(f"{c.block_n}/{c.warps}/{c.stages}{'/h' if c.head_major else ''}"
-                                     for c in args.configs) + (" flashinfer flashinfer_tc" if args.flashinfer else ""))
+        print("configs: " + " ".join(c.name for c in args.configs) + (" flashinfer flashinfer_tc" if args.flashinfer
+                                                                        else ""))
         sweep(args, args.configs)
         return
     config = DecodeConfig(block_n=args.block_n, warps=args.warps, stages=args.stages)
     print(f"config {config}, splits per bucket at {torch.cuda.get_device_properties(0).multi_processor_count} SMs")
-    for geometry in args.geometry.split(","):
-        for kv_len in map(int, args.kv.split(",")):
-            for rows in map(int, args.rows.split(",")):
-                if rows * kv_len > MAX_TOKENS:
-                    continue
-                r = case(geometry, rows, kv_len, config, args.programs_per_sm, args.table_tokens,
-                         args.kv_dtype == "fp8")
-                best = min(r["flashinfer"], r["flashinfer_tc"])
-                print(f"{geometry:8s} kv {kv_len:5d} rows {rows:3d}: triton {r['triton']:7.2f} us, flashinfer "
-                      f"{r['flashinfer']:7.2f} us, tensor cores {r['flashinfer_tc']:7.2f} us, unsplit "
-                      f"{r['flashinfer_tc_nosplit']:7.2f} us, fa3 {r['flashinfer_fa3']:7.2f} us, xqa "
-                      f"{r['xqa']:7.2f} us (x{best / r['triton']:.2f}; max diff {r['err_flashinfer']:.1e}, fa3 "
-                      f"{r['err_flashinfer_fa3']:.1e}, xqa {r['err_xqa']:.1e})", flush=True)
-                torch.cuda.empty_cache()
+    for geometry, kv_len, rows in shapes(args):
+        r = case(geometry, rows, kv_len, config, args.programs_per_sm, args.table_tokens, args.kv_dtype == "fp8")
+        best = min(r["flashinfer"], r["flashinfer_tc"])
+        print(f"{geometry:8s} kv {kv_len:5d} rows {rows:3d}: triton {r['triton']:7.2f} us, flashinfer "
+              f"{r['flashinfer']:7.2f} us, tensor cores {r['flashinfer_tc']:7.2f} us, unsplit "
+              f"{r['flashinfer_tc_nosplit']:7.2f} us, fa3 {r['flashinfer_fa3']:7.2f} us, xqa "
+              f"{r['xqa']:7.2f} us (x{best / r['triton']:.2f}; max diff {r['err_flashinfer']:.1e}, fa3 "
+              f"{r['err_flashinfer_fa3']:.1e}, xqa {r['err_xqa']:.1e})", flush=True)
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -181,11 +181,16 @@ def test_config_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(dk.CONFIG_ENV, "128/8/3/h")
     assert dk.config_for(256, torch.float8_e4m3fn) == dk.DecodeConfig(block_n=128, warps=8, stages=3,
                                                                       head_major=True)
-    assert dk.blocks_fit(16) and dk.blocks_fit(256) and not dk.blocks_fit(96)  # 96: a multiple of 32, not of 64
-    assert not serves(rows=16, page_size=96)
+    assert dk.config_for(1, torch.bfloat16).name == "128/8/3/h"  # what parse reads back
     for bad in ("128/8", "64/4/3/x", "0/4/3", "a/b/c"):
         with pytest.raises(ValueError, match="BLOCK_N/WARPS/STAGES"):
             dk.DecodeConfig.parse(bad)
+
+
+def test_pages_must_tile_with_every_block() -> None:
+    dk = kernel_module()
+    assert dk.blocks_fit(16) and dk.blocks_fit(256) and not dk.blocks_fit(96)  # 96: a multiple of 32, not of 64
+    assert not serves(rows=16, page_size=96)
 
 
 def test_rejects_a_workspace_of_another_geometry() -> None:

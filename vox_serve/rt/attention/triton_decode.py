@@ -80,6 +80,11 @@ class DecodeConfig:
     head_major: bool = False
 
 
+    @property
+    def name(self) -> str:
+        """"BLOCK_N/WARPS/STAGES[/h]", what `parse` reads."""
+        return f"{self.block_n}/{self.warps}/{self.stages}" + ("/h" if self.head_major else "")
+
     @classmethod
     def parse(cls, text: str) -> DecodeConfig:
         """"BLOCK_N/WARPS/STAGES", with "/h" for head-major programs: "64/4/3/h"."""
