@@ -9,7 +9,9 @@ from torch import Tensor, nn
 
 from vox_serve.layers.decoder import DecoderDims, DecoderLayer, RMSNorm, paged_attend, run_layers
 from vox_serve.layers.depth import DepthTransformer
+from vox_serve.layers.fp8 import PROJECTIONS, quantize_decoder_layers
 from vox_serve.layers.rope import RotaryEmbedding
+from vox_serve.rt import fp8_gemm
 from vox_serve.rt.attention import AttentionBuffers, AttentionPlan, PlanInputs, TorchAttentionBackend
 
 DIMS = DecoderDims(vocab_size=50, hidden_size=96, intermediate_size=160, num_layers=3, num_heads=4, num_kv_heads=2,
@@ -27,9 +29,11 @@ def _randomize(module: nn.Module, seed: int) -> None:
             p.copy_(1 + 0.3 * noise if "norm" in name else noise / p.shape[-1] ** 0.5)
 
 
-def paged_stack_outputs(qk_norm: bool, dtype: torch.dtype, device: str) -> list[Tensor]:
+def paged_stack_outputs(qk_norm: bool, dtype: torch.dtype, device: str, weights: str = "model") -> list[Tensor]:
     """[prefill hidden states [14, hidden], decode hidden states of the 2 real rows, the KV caches but the null
-    page]: 2 sequences (5 and 9 tokens) prefilled, then one decode step over 4 rows, 2 of them padded."""
+    page]: 2 sequences (5 and 9 tokens) prefilled, then one decode step over 4 rows, 2 of them padded.
+    `weights`: "fp8" quantizes the projections (layers/fp8), "dequantized" gives them the values those float8
+    weights stand for, in `dtype`."""
     d = DIMS
     layers = nn.ModuleList(DecoderLayer(d.hidden_size, d.intermediate_size, d.num_heads, d.num_kv_heads, d.head_dim,
                                         d.rms_norm_eps, i, qk_norm=qk_norm) for i in range(d.num_layers))
@@ -37,6 +41,7 @@ def paged_stack_outputs(qk_norm: bool, dtype: torch.dtype, device: str) -> list[
     stack = nn.ModuleList([layers, norm])
     _randomize(stack, seed=int(qk_norm))
     stack.to(device=device, dtype=dtype)
+    _set_weights(layers, weights)
     rope = RotaryEmbedding(d.head_dim, 64, ROPE).to(device)
     backend = TorchAttentionBackend(num_layers=d.num_layers, num_pages=NUM_PAGES, page_size=PAGE_SIZE,
                                     num_q_heads=d.num_heads, num_kv_heads=d.num_kv_heads, head_dim=d.head_dim,
@@ -59,6 +64,17 @@ def paged_stack_outputs(qk_norm: bool, dtype: torch.dtype, device: str) -> list[
             hidden = norm(*run_layers(layers, x, positions.to(device), rope, paged_attend(backend, bufs)))
         outs.append(hidden[:2] if plan.decode else hidden)
     return [*outs, *(cache[1:] for cache in backend.kv_caches)]
+
+
+def _set_weights(layers: nn.ModuleList, weights: str) -> None:
+    if weights == "fp8":
+        quantize_decoder_layers([layers])
+    elif weights == "dequantized":
+        with torch.no_grad():
+            for layer in layers:
+                for name in PROJECTIONS:
+                    w = getattr(layer, name).weight
+                    w.copy_(fp8_gemm.dequantize_weight(*fp8_gemm.quantize_weight(w), w.dtype))
 
 
 def depth_outputs(qk_norm: bool, dtype: torch.dtype, device: str) -> list[Tensor]:

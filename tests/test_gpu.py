@@ -50,8 +50,9 @@ def _run(config: VoxConfig, use_graphs: bool, n: int = 3, max_tokens: int = 70, 
 
 
 def _config(backend: str, dtype: str = "float32", model: str = "orpheus-tiny", kv_cache_dtype: str = "auto",
-            **scheduler: object) -> VoxConfig:
-    return VoxConfig(model=ModelConfig(model=model, device="cuda", dtype=dtype, load_format="dummy"),
+            quantization: str = "none", **scheduler: object) -> VoxConfig:
+    return VoxConfig(model=ModelConfig(model=model, device="cuda", dtype=dtype, load_format="dummy",
+                                       quantization=quantization),
                      cache=CacheConfig(max_num_pages=512, max_model_len=512, kv_cache_dtype=kv_cache_dtype),
                      scheduler=SchedulerConfig(max_batch_size=8, max_codec_batch=8, max_prefill_tokens=256,
                                                **scheduler),
@@ -81,6 +82,17 @@ def test_graph_replay_equals_eager(backend: str, dtype: str, model: str, kv: str
     eager = _run(_config(backend, dtype, model, kv), use_graphs=False)
     graphed = _run(_config(backend, dtype, model, kv), use_graphs=True)
     _assert_same(eager, graphed, pcm_tol=2.0)  # int16 steps: rounding of identical math
+
+
+@pytest.mark.parametrize("model", ["orpheus", "qwen3-tts"])
+def test_graph_replay_equals_eager_with_float8_weights(model: str) -> None:
+    """`--quantization fp8`: the small-rows kernels with scales, the rows' quantization and the float8 GEMMs
+    captured (prefill and 8-row decode)."""
+    if not flashinfer_available():
+        pytest.skip("flashinfer not installed")
+    eager = _run(_config("flashinfer", "bfloat16", model, quantization="fp8"), use_graphs=False)
+    graphed = _run(_config("flashinfer", "bfloat16", model, quantization="fp8"), use_graphs=True)
+    _assert_same(eager, graphed, pcm_tol=2.0)
 
 
 @pytest.mark.parametrize("model,fields", [("qwen3-tts-tiny", {}),

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from decoder_stack_helpers import depth_step_outputs, relative_errors, stack_outputs
+from decoder_stack_helpers import depth_step_outputs, paged_stack_outputs, relative_errors, stack_outputs
 from sampling_helpers import random_case, to_cuda
 from triton_checks.check_ops import (
     check_commit_rows,
     check_decode_rows,
     check_depth_attention,
     check_orpheus_step,
+    check_quantize_rows,
     check_small_gemm,
 )
 
 from vox_serve.layers.rope import RotaryEmbedding
-from vox_serve.rt import codec_kernels, kernels, small_gemm, triton_ops
+from vox_serve.rt import codec_kernels, fp8_gemm, kernels, small_gemm, triton_ops
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or triton_ops.triton is None, reason="CUDA + Triton")]
@@ -199,6 +200,48 @@ def test_small_row_projections_match_the_reference() -> None:
         check_small_gemm("cuda")
     finally:
         small_gemm.forced = None
+
+
+def test_float8_small_row_projections_match_the_reference() -> None:
+    """The same kernels over float8 weights and their scales (`--quantization fp8`) against the reference over the
+    dequantized weights."""
+    try:
+        check_small_gemm("cuda", fp8=True)
+    finally:
+        small_gemm.forced = None
+
+
+def test_rows_quantize_to_float8_exactly_as_the_torch_ops_do() -> None:
+    check_quantize_rows("cuda")
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16, 17, 256])
+def test_float8_projections_at_every_batch_match_their_references(rows: int) -> None:
+    """fp8_gemm.linear as a model runs it (the small-rows kernel where the GPU's table serves the shape, else the
+    float8 GEMM) against the weight-only reference, within the rows' rounding to float8 (e4m3: 3 mantissa bits,
+    ~2 % of a product); and the float8 GEMM against the product of its two dequantized operands."""
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 3072, generator=gen).to("cuda", torch.bfloat16)
+    wq, scale = fp8_gemm.quantize_weight(torch.randn(5120, 3072, generator=gen).cuda() / 55)
+    ref = fp8_gemm.reference_linear(x, wq, scale)
+    assert max(relative_errors([fp8_gemm.linear(x, wq, scale)], [ref])) < 4e-2
+    xq, x_scale = fp8_gemm.quantize_rows(x)
+    want = (xq.float() * x_scale) @ fp8_gemm.dequantize_weight(wq, scale, torch.float32).T
+    assert max(relative_errors([fp8_gemm.scaled_linear(x, wq, scale)], [want])) < 1e-2  # bfloat16 output
+
+
+@pytest.mark.parametrize("path", ["small_rows", "float8_gemm"])
+def test_float8_decoder_stack_matches_the_dequantized_one(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bfloat16 stack with float8 projections, every one through rt.small_gemm (weight-only) or none (the
+    float8 GEMM, rows quantized too), against the stack with the dequantized weights on the reference path."""
+    config = small_gemm.BlockConfig(16, 64, dot=True) if path == "small_rows" else None
+    monkeypatch.setattr(small_gemm, "forced", lambda kind, m, n, k: config)
+    got = paged_stack_outputs(True, torch.bfloat16, "cuda", weights="fp8")
+    monkeypatch.setattr(small_gemm, "forced", None)
+    monkeypatch.setattr(triton_ops, "enabled", lambda t: False)
+    ref = paged_stack_outputs(True, torch.bfloat16, "cuda", weights="dequantized")
+    errors = relative_errors(got, ref)
+    assert max(errors) < (3e-2 if path == "small_rows" else 8e-2), errors
 
 
 @pytest.mark.parametrize("dot", [False, True])

@@ -52,12 +52,16 @@ CASES = {
     "orpheus-tiny-voice": ["--bench-kwargs", '{"max_tokens": 42, "ignore_eos": true, "voice": "zoe"}',
                            "--bench-text", "Ünïcode, <|im_end|> and   spaces!"],
     "orpheus-tiny-fp8": ["--kv-cache-dtype", "fp8", "--bench-kwargs", '{"max_tokens": 42, "ignore_eos": true}'],
+    # float8 decoder weights (the talker's and the code predictor's for Qwen3-TTS)
+    "orpheus-tiny-w8": ["--quantization", "fp8", "--bench-kwargs", '{"max_tokens": 42, "ignore_eos": true}'],
+    "qwen3-tts-tiny-w8": ["--quantization", "fp8", "--bench-kwargs", '{"max_tokens": 24}'],
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_rust_bench_wavs_match_python(rt, case: str, tmp_path: Path) -> None:
     model = case.removesuffix("-stop").removesuffix("-voice").removesuffix("-chunks").removesuffix("-fp8")
+    model = model.removesuffix("-w8")
     py = _bench("python", model, tmp_path / "py", *CASES[case])
     assert py.returncode == 0, py.stderr
     rs = _bench("rust", model, tmp_path / "rs", *CASES[case])
@@ -232,11 +236,16 @@ def _bench_cuda(runtime: str, model: str, out: Path, *extra: str) -> subprocess.
     ("orpheus", ["--kv-cache-dtype", "fp8", "--attention-backend", "flashinfer", "--load-format", "dummy",
                  "--max-model-len", "512", "--max-batch-size", "8", "--bench-kwargs",
                  '{"max_tokens": 70, "ignore_eos": true}']),
+    # float8 decoder weights: the small-rows kernels with scales, the float8 GEMMs above their rows
+    ("orpheus", ["--quantization", "fp8", "--load-format", "dummy", "--max-model-len", "512",
+                 "--max-batch-size", "32", "--bench-kwargs", '{"max_tokens": 70, "ignore_eos": true}']),
+    ("qwen3-tts", ["--quantization", "fp8", "--load-format", "dummy", "--max-model-len", "512",
+                   "--max-batch-size", "8", "--bench-kwargs", '{"max_tokens": 24}']),
     # an in-context clone: the captured codec_prime graph launched by the Rust driver ("REF": the clip)
     ("qwen3-tts-base-tiny", ["--bench-audio", "REF", "--bench-kwargs",
                              '{"max_tokens": 24, "ref_text": "A reference sentence."}']),
 ], ids=["orpheus", "qwen3", "orpheus-flashinfer", "orpheus-eager", "orpheus-fp8", "orpheus-fp8-flashinfer",
-        "qwen3-base-in-context"])
+        "orpheus-w8", "qwen3-w8", "qwen3-base-in-context"])
 def test_rust_bench_on_cuda_matches_python(rt, model: str, extra: list[str], tmp_path: Path) -> None:
     """On a GPU the Rust driver copies step_in up and step_out down in one transfer each and launches the
     captured graphs by their exec handles; eager stages and attention planning go through Python on its

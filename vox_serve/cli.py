@@ -22,6 +22,7 @@ from typing import Any
 from vox_serve import __version__
 from vox_serve.config import (
     KV_CACHE_DTYPES,
+    QUANTIZATIONS,
     BenchConfig,
     CacheConfig,
     EngineConfig,
@@ -127,6 +128,10 @@ FLAGS: tuple[Flag, ...] = (
     _f("--codec-dtype", to=ModelConfig, choices=["auto", "bfloat16", "float16", "float32"],
        help="the codec's dtype (auto: --dtype's); one other than --dtype only for Orpheus' SNAC (bfloat16 "
             "decodes within 30 dB SNR of float32)"),
+    _f("--quantization", to=ModelConfig, choices=list(QUANTIZATIONS),
+       help="fp8: the decoder layers' projections in float8 e4m3 with a scale per output channel, quantized at load "
+            "(half the weight bytes a decode step reads; needs compute capability 8.9 on a GPU; orpheus, "
+            "qwen3-tts, csm)"),
     _f("--seed", to=ModelConfig, type=int, help="seed of dummy weights and of requests without a seed"),
     # cache
     _f("--page-size", to=CacheConfig, type=int, help="tokens per KV page"),

@@ -25,8 +25,10 @@ class ModelConfig:
     seed: int = 0  # seed of dummy weights and of requests that bring none
     codec_path: str | None = None  # codec checkpoint directory, when not inside the model's
     codec_dtype: str = "auto"  # auto (the model's --dtype) | bfloat16 | float16 | float32 (Orpheus' SNAC only)
+    quantization: str = "none"  # none | fp8: the decoder layers' projections in float8 e4m3 (layers/fp8)
 
 
+QUANTIZATIONS = ("none", "fp8")  # --quantization: the decoder layers' weights as loaded, or float8 (layers/fp8)
 KV_CACHE_DTYPES = ("auto", "fp8")  # --kv-cache-dtype: the model's dtype, or float8 e4m3 (rt/attention/kv_write)
 
 

@@ -22,8 +22,10 @@ from vox_serve.config import ConfigError, VoxConfig
 from vox_serve.core.meta import EngineLimits
 from vox_serve.core.stages import EngineHalf
 from vox_serve.engine.capture import StageGraphs, bucket_sizes, capture_all, warm_up
+from vox_serve.layers.fp8 import decoder_projections, quantize_decoder_layers
 from vox_serve.models.registry import BuildArgs
 from vox_serve.models.registry import build_program as build_model_program
+from vox_serve.rt import fp8_gemm
 from vox_serve.rt.attention import make_attention_backend
 from vox_serve.rt.attention.kv_write import kv_cache_dtype
 from vox_serve.rt.checkpoint import pick_device, pick_dtype
@@ -59,7 +61,25 @@ def load_program(config: VoxConfig) -> Program:
     codec_dtype = dtype if config.model.codec_dtype == "auto" else pick_dtype(config.model.codec_dtype, device)
     args = BuildArgs(config.model.model, config.model.load_format, device, dtype, config.model.seed,
                      config.cache.max_model_len, config.model.codec_path, codec_dtype)
-    return build_model_program(args)
+    program = build_model_program(args)
+    if config.model.quantization != "none":
+        quantize(program, config.model.quantization)
+    return program
+
+
+def quantize(program: Program, method: str) -> None:
+    """`--quantization fp8`: the program's decoder layers with float8 weights (layers/fp8), their bfloat16 weights
+    returned to the device before the KV cache is sized; ConfigError where the device or the model cannot."""
+    linears = decoder_projections(program.quantizable_modules())
+    if not linears:
+        raise ConfigError(f"--quantization {method}: {program.meta.name} has no decoder layers it serves in float8 "
+                          "(orpheus, qwen3-tts and csm have)")
+    reason = fp8_gemm.unsupported(program.device, program.dtype, [tuple(lin.weight.shape) for lin in linears])
+    if reason is not None:
+        raise ConfigError(reason)
+    quantize_decoder_layers(program.quantizable_modules())
+    if program.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def engine_limits(program: Program, config: VoxConfig, num_pages: int) -> EngineLimits:

@@ -113,22 +113,26 @@ class DecoderLayer(nn.Module):
     def _attention_input(self, x: Tensor, delta: Tensor | None) -> tuple[Tensor, Tensor]:
         """(stream, qkv): the residual add, the input norm and the qkv projection (one kernel at a few rows)."""
         norm = self.input_layernorm
-        fused = small_gemm.norm_linear(x, delta, norm, self.qkv_proj.weight) if self.qkv_proj.bias is None else None
+        qkv = self.qkv_proj
+        fused = (small_gemm.norm_linear(x, delta, norm, qkv.weight, scale=weight_scale(qkv)) if qkv.bias is None
+                 else None)
         if fused is not None:
             return fused
         x, h = norm.add_norm(x, delta) if delta is not None else (x, norm(x))
-        return x, self.qkv_proj(h)
+        return x, qkv(h)
 
     def _mlp(self, x: Tensor, attn_out: Tensor) -> tuple[Tensor, Tensor]:
         """(stream, MLP output): the residual add and the norm, the gate/up projection with its gate folded into
         it or into the down projection where a small-rows kernel is measured for the shape, then the down one."""
         norm = self.post_attention_layernorm
-        fused = small_gemm.norm_gated(x, attn_out, norm, self.gate_up_proj.weight)
+        fused = small_gemm.norm_gated(x, attn_out, norm, self.gate_up_proj.weight,
+                                      scale=weight_scale(self.gate_up_proj))
         if fused is not None:
             return fused[0], project(self.down_proj, fused[1])
         x, h = norm.add_norm(x, attn_out)
         gate_up = self.gate_up_proj(h)
-        down = small_gemm.gated_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
+        down = small_gemm.gated_linear(gate_up, self.down_proj.weight, self.down_proj.bias,
+                                       scale=weight_scale(self.down_proj))
         if down is not None:
             return x, down
         if triton_ops.enabled(x):  # the SwiGLU gate: one kernel
@@ -137,10 +141,15 @@ class DecoderLayer(nn.Module):
         return x, project(self.down_proj, F.silu(gate) * up)
 
 
-def project(linear: nn.Linear, x: Tensor) -> Tensor:
+def project(linear: nn.Module, x: Tensor) -> Tensor:
     """linear(x) for x [T, in]: one small-rows kernel where one is measured for the shape (`rt.small_gemm`)."""
-    y = small_gemm.linear(x, linear.weight, linear.bias)
+    y = small_gemm.linear(x, linear.weight, linear.bias, scale=weight_scale(linear))
     return linear(x) if y is None else y
+
+
+def weight_scale(linear: nn.Module) -> Tensor | None:
+    """The per-row scales of a float8 projection (layers/fp8.Fp8Linear, `--quantization fp8`), else None."""
+    return getattr(linear, "weight_scale", None)
 
 
 def paged_attend(attention: AttentionBackend, bufs: AttentionBuffers) -> Attend:

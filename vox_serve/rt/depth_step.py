@@ -102,6 +102,8 @@ def prepare(depth: nn.Module) -> Stacked | None:
         return None
     if not isinstance(depth.in_proj, (nn.Linear, nn.Identity)):
         return None
+    if any(la.qkv_proj.weight.dtype != w.dtype for la in layers):  # float8 weights: the step's own kernels
+        return None
     qk_norm = layers[0].qk_norm
 
     def rows(width: int) -> Tensor:
@@ -246,8 +248,8 @@ if triton is not None:
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROGRAMS: tl.constexpr):
         """A projection phase: program pid's column blocks pid, pid + PROGRAMS, ..."""
         for blk in range(pid, tl.cdiv(N, BLOCK_N), PROGRAMS):
-            column_block(blk, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, eps, K, HAS_DELTA, NORM,
-                         GATED, False, HAS_BIAS, False, False, BLOCK_M, BLOCK_N, BLOCK_K)
+            column_block(blk, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, b_ptr, out_ptr, m, N, eps, K, HAS_DELTA,
+                         NORM, GATED, False, HAS_BIAS, False, False, False, BLOCK_M, BLOCK_N, BLOCK_K)
 
     @triton.jit
     def _phase_end(bar_ptr, PHASE: tl.constexpr, PROGRAMS: tl.constexpr):

@@ -93,6 +93,10 @@ class Program(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not declare its codec modules (codec_modules), "
                                   "so it cannot be disaggregated")
 
+    def quantizable_modules(self) -> list[torch.nn.Module]:
+        """The modules whose decoder layers `--quantization fp8` quantizes (layers/fp8): none unless declared."""
+        return []
+
     def state_bytes(self) -> int:
         """Device bytes of the request state (slot tables and the program's pools)."""
         return self.state.memory_bytes()

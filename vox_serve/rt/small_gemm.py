@@ -16,6 +16,11 @@ blocks: the input rows (M <= 16) are re-read by every block, the weight once.
 - `gated_linear(gate_up, W)`: (silu(gate) * up) @ W.T for a gate/up projection's output [M, 2K]: the SwiGLU
   gate computed as the down projection loads its input (where the gate/up projection itself stays cuBLAS's).
 
+Each takes `scale` for a float8 weight (rt/fp8_gemm, `--quantization fp8`): W [N, K] in e4m3 with one float32
+scale per output row, converted as it loads and the products scaled once per column after the K loop (what
+`fp8_gemm.reference_linear` computes). Such a weight takes its own table entries (dtype "float8_e4m3fn") where
+measured, else those of the activations' dtype for the same shape.
+
 Rounding follows the unfused ops where the one pass allows: the sum x + delta is rounded to the input dtype, the
 gate and up projections are rounded before the gate. The normed rows are not rounded as RMSNorm's output would
 be: the FMA path keeps x * norm weight in float32, the tensor-core path rounds it to the input dtype before
@@ -55,6 +60,7 @@ except Exception:  # noqa: BLE001 - no Triton: the unfused ops run
     triton = None
 
 MAX_ROWS = 16
+FP8 = torch.float8_e4m3fn  # a float8 weight (rt/fp8_gemm), with a scale per output row
 TABLES_DIR = Path(__file__).resolve().parent / "small_gemm_tables"
 
 
@@ -137,62 +143,68 @@ def _table(device_index: int) -> dict[Key, BlockConfig]:
     return read_table(path)
 
 
-def _config(x: Tensor, weight: Tensor, kind: Kind, n: int) -> BlockConfig | None:
+def _config(x: Tensor, weight: Tensor, kind: Kind, n: int, scale: Tensor | None) -> BlockConfig | None:
     m, width = x.shape if x.dim() == 2 else (MAX_ROWS + 1, 0)
     k = width // 2 if kind is Kind.GATED_IN else width  # the gated input: gate and up halves of K each
     odd_gated = kind is Kind.GATED_IN and width % 2 == 1
     if m == 0 or m > MAX_ROWS or weight.shape[-1] != k or odd_gated or not weight.is_contiguous():
         return None
+    if (scale is not None) != (weight.dtype == FP8):
+        raise ValueError(f"a {weight.dtype} weight {'takes no' if scale is not None else 'needs its'} scale")
     if forced is not None:
         return forced(kind, m, n, k) if triton is not None else None
-    if not (triton_ops.enabled(x) and x.is_cuda and x.dtype == weight.dtype):
+    if not (triton_ops.enabled(x) and x.is_cuda and (scale is not None or x.dtype == weight.dtype)):
         return None
-    key = (kind.value, _dtype_name(x.dtype), rows_bucket(m), n, k)
-    return _table(x.device.index or 0).get(key)
+    table = _table(x.device.index or 0)
+    key = (kind.value, _dtype_name(weight.dtype), rows_bucket(m), n, k)
+    return table.get(key) or (table.get((kind.value, _dtype_name(x.dtype), *key[2:])) if scale is not None else None)
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor | None:
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, scale: Tensor | None = None) -> Tensor | None:
     """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N], or None where no measured kernel serves the shape."""
-    config = _config(x, weight, Kind.PLAIN, weight.shape[0])
+    config = _config(x, weight, Kind.PLAIN, weight.shape[0], scale)
     if config is None:
         return None
-    return _launch(config, x.contiguous(), None, None, weight, bias, n=weight.shape[0], gated=False, eps=0.0)[1]
+    return _launch(config, x.contiguous(), None, None, weight, bias, n=weight.shape[0], gated=False, eps=0.0,
+                   scale=scale)[1]
 
 
-def gated_linear(gate_up: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor | None:
+def gated_linear(gate_up: Tensor, weight: Tensor, bias: Tensor | None = None, *,
+                 scale: Tensor | None = None) -> Tensor | None:
     """(silu(gate) * up) @ weight [N, K].T (+ bias) for gate_up [M, 2K] (gate, then up), the gate rounded to the
     input dtype as `triton_ops.silu_mul`'s output is; None where no measured kernel serves the shape."""
-    config = _config(gate_up, weight, Kind.GATED_IN, weight.shape[0])
+    config = _config(gate_up, weight, Kind.GATED_IN, weight.shape[0], scale)
     if config is None:
         return None
     return _launch(config, gate_up.contiguous(), None, None, weight, bias, n=weight.shape[0], gated=False,
-                   eps=0.0, gated_in=True)[1]
+                   eps=0.0, gated_in=True, scale=scale)[1]
 
 
-def norm_linear(x: Tensor, delta: Tensor | None, norm: Norm, weight: Tensor,
-                out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor] | None:
+def norm_linear(x: Tensor, delta: Tensor | None, norm: Norm, weight: Tensor, out_dtype: torch.dtype | None = None,
+                *, scale: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
     """(x + delta, RMSNorm(x + delta) @ weight.T), x itself when delta is None; None where not served. With
     `out_dtype` (float32: logits for a sampler) the product, rounded to x's dtype as ever, is stored in that
     dtype: what `.to(out_dtype)` of the usual output gives, without that launch."""
-    config = _config(x, weight, Kind.NORM, weight.shape[0])
+    config = _config(x, weight, Kind.NORM, weight.shape[0], scale)
     if config is None:
         return None
     return _launch(config, x.contiguous(), delta, norm.weight, weight, None, n=weight.shape[0], gated=False,
-                   eps=norm.eps, out_dtype=out_dtype)
+                   eps=norm.eps, out_dtype=out_dtype, scale=scale)
 
 
-def norm_gated(x: Tensor, delta: Tensor | None, norm: Norm, weight: Tensor) -> tuple[Tensor, Tensor] | None:
+def norm_gated(x: Tensor, delta: Tensor | None, norm: Norm, weight: Tensor, *,
+               scale: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
     """(x + delta, silu(g) * u) with [g, u] = RMSNorm(x + delta) @ weight.T split in halves; None where not served."""
-    config = _config(x, weight, Kind.GATED, weight.shape[0] // 2)
+    config = _config(x, weight, Kind.GATED, weight.shape[0] // 2, scale)
     if config is None or weight.shape[0] % 2:
         return None
     return _launch(config, x.contiguous(), delta, norm.weight, weight, None, n=weight.shape[0] // 2, gated=True,
-                   eps=norm.eps)
+                   eps=norm.eps, scale=scale)
 
 
 def _launch(config: BlockConfig, x: Tensor, delta: Tensor | None, norm_weight: Tensor | None, weight: Tensor,
-            bias: Tensor | None, *, n: int, gated: bool, eps: float,
-            gated_in: bool = False, out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+            bias: Tensor | None, *, n: int, gated: bool, eps: float, gated_in: bool = False,
+            out_dtype: torch.dtype | None = None, scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
     m, k = x.shape[0], weight.shape[1]
     out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
     total = torch.empty_like(x) if delta is not None else x
@@ -201,8 +213,9 @@ def _launch(config: BlockConfig, x: Tensor, delta: Tensor | None, norm_weight: T
     grid = (triton.cdiv(n, config.block_n),)
     _small_linear_kernel[grid](
         x, delta, norm_weight if norm_weight is not None else x, total, weight, bias if bias is not None else x,
-        out, m, n, eps, K=k, HAS_DELTA=total is not x, NORM=norm_weight is not None, GATED=gated, GATED_IN=gated_in,
-        HAS_BIAS=bias is not None, DOT=config.dot, UNROLL=config.unroll, BLOCK_M=block_m, BLOCK_N=config.block_n,
+        scale if scale is not None else x, out, m, n, eps, K=k, HAS_DELTA=total is not x,
+        NORM=norm_weight is not None, GATED=gated, GATED_IN=gated_in, HAS_BIAS=bias is not None,
+        SCALED=scale is not None, DOT=config.dot, UNROLL=config.unroll, BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, num_warps=config.warps, num_stages=config.stages,
         **pdl.launch_options(x))
     return total, out
@@ -227,11 +240,12 @@ if triton is not None:
         return a.to(tl.float32)
 
     @triton.jit
-    def _times_w(acc, a, w, DOT: tl.constexpr):
-        """acc + a [BLOCK_M, BLOCK_K] @ w [BLOCK_N, BLOCK_K].T: on the tensor cores (acc [BLOCK_M, BLOCK_N]), or as
-        FMAs into acc [BLOCK_M, BLOCK_N, BLOCK_K], reduced over K once after the loop."""
+    def _times_w(acc, a, w, dtype, DOT: tl.constexpr):
+        """acc + a [BLOCK_M, BLOCK_K] @ w [BLOCK_N, BLOCK_K].T: on the tensor cores in the activations' `dtype`
+        (acc [BLOCK_M, BLOCK_N]; a float8 weight converted to it), or as FMAs into acc [BLOCK_M, BLOCK_N, BLOCK_K],
+        reduced over K once after the loop."""
         if DOT:
-            out = acc + tl.dot(a.to(w.dtype), tl.trans(w))
+            out = acc + tl.dot(a.to(dtype), tl.trans(w.to(dtype)))
         else:
             out = acc + a[:, None, :] * w.to(tl.float32)[None, :, :]
         return out
@@ -255,9 +269,9 @@ if triton is not None:
                 tl.store(sum_ptr + rm[:, None] * K + rk[None, :], a.to(sum_ptr.dtype.element_ty),
                          mask=write_rows[:, None] & k_mask[None, :])
             a = a * tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        acc = _times_w(acc, a, w, DOT)
+        acc = _times_w(acc, a, w, x_ptr.dtype.element_ty, DOT)
         if GATED:
-            acc_up = _times_w(acc_up, a, w_up, DOT)
+            acc_up = _times_w(acc_up, a, w_up, x_ptr.dtype.element_ty, DOT)
         return acc, acc_up, squares
 
     # One column block: one pass over K reading the block's weight rows (and, GATED, the up half's rows at n + the
@@ -265,10 +279,10 @@ if triton is not None:
     # UNROLL unrolls the K loop (all its loads can be in flight at once); otherwise num_stages pipelines it. Block 0
     # writes the sums x + delta. Shared by the one-projection kernel below and rt/depth_step's persistent kernel.
     @triton.jit
-    def column_block(pid, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, eps, K: tl.constexpr,
+    def column_block(pid, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, s_ptr, out_ptr, m, N, eps, K: tl.constexpr,
                      HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, GATED_IN: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, DOT: tl.constexpr, UNROLL: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, DOT: tl.constexpr, UNROLL: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         rm = tl.arange(0, BLOCK_M)
         m_mask = rm < m
         write_rows = rm < tl.where(pid == 0, m, 0)  # block 0 writes the sums
@@ -294,6 +308,10 @@ if triton is not None:
         if not DOT:
             acc = tl.sum(acc, axis=2)
             acc_up = tl.sum(acc_up, axis=2)
+        if SCALED:  # a float8 weight's per-row scales (the up half's rows at n + N)
+            acc = acc * tl.load(s_ptr + rn, mask=n_mask, other=0.0)[None, :]
+            if GATED:
+                acc_up = acc_up * tl.load(s_ptr + rn + N, mask=n_mask, other=0.0)[None, :]
         if NORM:
             inv = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
             acc = acc * inv[:, None]
@@ -308,12 +326,12 @@ if triton is not None:
 
     # One program per column block.
     @triton.jit(do_not_specialize=["m", "eps"])
-    def _small_linear_kernel(x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, eps, K: tl.constexpr,
-                             HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                             GATED_IN: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, UNROLL: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             PDL: tl.constexpr):
+    def _small_linear_kernel(x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, s_ptr, out_ptr, m, N, eps,
+                             K: tl.constexpr, HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                             GATED_IN: tl.constexpr, HAS_BIAS: tl.constexpr, SCALED: tl.constexpr,
+                             DOT: tl.constexpr, UNROLL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         pid = tl.program_id(0)
         pdl.enter(PDL)
-        column_block(pid, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, out_ptr, m, N, eps, K, HAS_DELTA, NORM, GATED,
-                     GATED_IN, HAS_BIAS, DOT, UNROLL, BLOCK_M, BLOCK_N, BLOCK_K)
+        column_block(pid, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, b_ptr, s_ptr, out_ptr, m, N, eps, K, HAS_DELTA, NORM,
+                     GATED, GATED_IN, HAS_BIAS, SCALED, DOT, UNROLL, BLOCK_M, BLOCK_N, BLOCK_K)

@@ -130,6 +130,9 @@ class CsmProgram(Program):
     def codec_modules(self) -> list[torch.nn.Module]:
         return [self.m.codec]
 
+    def quantizable_modules(self) -> list[torch.nn.Module]:
+        return [self.m.backbone, self.m.depth]
+
     def weights_bytes(self) -> int:
         modules = (self.m.backbone, self.m.depth, self.m.codec, self.m.codec_encoder)
         return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())

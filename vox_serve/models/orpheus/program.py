@@ -122,5 +122,8 @@ class OrpheusProgram(Program):
     def codec_modules(self) -> list[torch.nn.Module]:
         return [self.snac]
 
+    def quantizable_modules(self) -> list[torch.nn.Module]:
+        return [self.lm]
+
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for m in (self.lm, self.snac) for p in m.parameters())

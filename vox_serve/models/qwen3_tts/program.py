@@ -232,6 +232,9 @@ class Qwen3TTSProgram(Program):
     def codec_modules(self) -> list[torch.nn.Module]:
         return [self.codec_decoder]
 
+    def quantizable_modules(self) -> list[torch.nn.Module]:
+        return [self.talker, self.predictor]
+
     def weights_bytes(self) -> int:
         modules = (self.talker, self.predictor, self.codec_decoder)
         encoders = self.cloner.weights_bytes() if self.cloner is not None else 0
