@@ -240,7 +240,7 @@ if triton is not None:
         return a.to(tl.float32)
 
     @triton.jit
-    def _times_w(acc, a, w, dtype, DOT: tl.constexpr):
+    def _times_w(acc, a, w, dtype: tl.constexpr, DOT: tl.constexpr):
         """acc + a [BLOCK_M, BLOCK_K] @ w [BLOCK_N, BLOCK_K].T: on the tensor cores in the activations' `dtype`
         (acc [BLOCK_M, BLOCK_N]; a float8 weight converted to it), or as FMAs into acc [BLOCK_M, BLOCK_N, BLOCK_K],
         reduced over K once after the loop."""
