@@ -3,7 +3,7 @@ and write the table of configurations that won (`--table`: the JSON that `VOX_SM
 that vox_serve/rt/small_gemm_tables/<gpu model>.json holds for the GPUs it was measured on).
 
     python benchmark/small_gemm.py --out results.json --table table.json [--rows 1,2,4,8,16] \
-        [--models orpheus,qwen3,csm]
+        [--models orpheus,qwen3,csm] [--weights fp8]
 
 Compiling the candidates is most of the time: `--compile-jobs N` compiles them first in N processes, and leaves
 out (and records) a configuration that crashes Triton's compiler.
@@ -13,6 +13,9 @@ not the L2 (as in a model, where every layer's weights differ); the unfused side
 without the table: `add_rms_norm` + cuBLAS (+ `silu_mul`); for the gated-input kind (the down projection with
 the gate of an unfused gate/up projection), `silu_mul` + the down projection as the table runs it without that
 kind (the plain kind's winner, or cuBLAS).
+
+`--weights fp8` measures float8 weights with their scales (`--quantization fp8`) against what runs without an entry
+for them, rt/fp8_gemm's float8 GEMM (the rows quantized, cuBLASLt), and writes entries of dtype "float8_e4m3fn".
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vox_serve.rt import small_gemm, triton_ops  # noqa: E402
+from vox_serve.rt import fp8_gemm, small_gemm, triton_ops  # noqa: E402
 from vox_serve.rt.small_gemm import BlockConfig, Kind  # noqa: E402
 
 L2_BYTES = 160 << 20  # cycle over at least this much weight per replay
@@ -95,44 +98,63 @@ class Case:
     unfused side runs its down projection as the table would without it: `plain`, the configuration that won for
     the plain shape, or cuBLAS."""
 
-    def __init__(self, shape: Shape, m: int, plain: BlockConfig | None = None) -> None:
+    def __init__(self, shape: Shape, m: int, plain: BlockConfig | None = None, fp8: bool = False) -> None:
         self.plain = plain
         rows = 2 * shape.n if shape.kind is Kind.GATED else shape.n
-        bytes_per = rows * shape.k * 2
+        bytes_per = rows * shape.k * (1 if fp8 else 2)
         copies = max(2, min(64, math.ceil(L2_BYTES / bytes_per)))
         gen = torch.Generator(device="cuda").manual_seed(0)
         self.shape, self.m = shape, m
         self.weights = [torch.randn(rows, shape.k, device="cuda", generator=gen, dtype=torch.bfloat16) / 32
                         for _ in range(copies)]
+        self.scales: dict[int, torch.Tensor] = {}  # a float8 weight's scales, by the weight's id
+        if fp8:
+            quantized = [fp8_gemm.quantize_weight(w) for w in self.weights]
+            self.weights = [wq for wq, _ in quantized]
+            self.scales = {id(wq): scale for wq, scale in quantized}
         width = 2 * shape.k if shape.kind is Kind.GATED_IN else shape.k  # the gated input: gate and up
         self.x = torch.randn(m, width, device="cuda", dtype=torch.bfloat16, generator=gen)
         self.delta = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16, generator=gen)
         self.norm = SimpleNamespace(weight=torch.rand(shape.k, device="cuda", generator=gen).to(torch.bfloat16) + 0.5,
                                     eps=1e-6)
 
-    def unfused(self, w: torch.Tensor) -> torch.Tensor:
+    def _project(self, x: torch.Tensor, w: torch.Tensor, exact: bool) -> torch.Tensor:
+        """x @ w.T without a table entry: cuBLAS, or for a float8 weight its float8 GEMM (`exact`: over the
+        dequantized weight, what the weight-only kernels compute)."""
+        scale = self.scales.get(id(w))
+        if scale is None:
+            return F.linear(x, w)
+        return F.linear(x, fp8_gemm.dequantize_weight(w, scale, x.dtype)) if exact else fp8_gemm.scaled_linear(
+            x, w, scale)
+
+    def reference(self, w: torch.Tensor) -> torch.Tensor:
+        """What the fused kernels must compute (the unfused ops; over a float8 weight's dequantized values)."""
+        return self.unfused(w, exact=True)
+
+    def unfused(self, w: torch.Tensor, exact: bool = False) -> torch.Tensor:
         if self.shape.kind is Kind.PLAIN:
-            return F.linear(self.x, w)
+            return self._project(self.x, w, exact)
         if self.shape.kind is Kind.GATED_IN:
             gated = triton_ops.silu_mul(self.x)
-            if self.plain is None:
-                return F.linear(gated, w)
+            if self.plain is None or exact:
+                return self._project(gated, w, exact)
             small_gemm.forced = lambda kind, m, n, k: self.plain
             try:
-                return small_gemm.linear(gated, w)
+                return small_gemm.linear(gated, w, scale=self.scales.get(id(w)))
             finally:
                 small_gemm.forced = None
         _, h = triton_ops.add_rms_norm(self.x, self.delta, self.norm.weight, self.norm.eps)
-        y = F.linear(h, w)
+        y = self._project(h, w, exact)
         return triton_ops.silu_mul(y) if self.shape.kind is Kind.GATED else y
 
     def fused(self, w: torch.Tensor) -> torch.Tensor:
+        scale = self.scales.get(id(w))
         if self.shape.kind is Kind.PLAIN:
-            return small_gemm.linear(self.x, w)
+            return small_gemm.linear(self.x, w, scale=scale)
         if self.shape.kind is Kind.GATED_IN:
-            return small_gemm.gated_linear(self.x, w)
+            return small_gemm.gated_linear(self.x, w, scale=scale)
         fn = small_gemm.norm_gated if self.shape.kind is Kind.GATED else small_gemm.norm_linear
-        return fn(self.x, self.delta, self.norm, w)[1]
+        return fn(self.x, self.delta, self.norm, w, scale=scale)[1]
 
 
 def graph_us(fn, weights: list[torch.Tensor], replays: int = 20) -> float:
@@ -189,7 +211,8 @@ def compile_in_parallel(args: argparse.Namespace, jobs: int, crashed_file: Path)
         crashed_file.write_text("".join(f"{key}\n" for key in sorted(crashed)))
         logs = {i: crashed_file.with_name(f"{crashed_file.stem}.shard{i}.log") for i in pending}
         procs = {i: subprocess.Popen([sys.executable, __file__, "--compile-only", "--shard", f"{i}/{jobs}",
-                                      "--rows", args.rows, "--models", args.models, "--skip", str(crashed_file)],
+                                      "--rows", args.rows, "--models", args.models, "--weights", args.weights,
+                                      "--skip", str(crashed_file)],
                                      stdout=logs[i].open("w"), stderr=subprocess.STDOUT)
                  for i in pending}
         failed = []
@@ -211,7 +234,7 @@ def compile_in_parallel(args: argparse.Namespace, jobs: int, crashed_file: Path)
 
 def measure(case: Case, crashed: set[str]) -> dict:
     base = graph_us(case.unfused, case.weights)
-    ref = case.unfused(case.weights[0]).float()
+    ref = case.reference(case.weights[0]).float()
     tried = []
     for config in usable(case.shape, case.m, crashed):
         small_gemm.forced = lambda kind, m, n, k, c=config: c
@@ -223,7 +246,7 @@ def measure(case: Case, crashed: set[str]) -> dict:
             small_gemm.forced = None
     best = min(tried, key=lambda t: t["us"])
     s = case.shape
-    weight_bytes = case.weights[0].numel() * 2
+    weight_bytes = case.weights[0].numel() * case.weights[0].element_size()
     return {"model": s.model, "name": s.name, "kind": s.kind.value, "n": s.n, "k": s.k, "rows": case.m,
             "unfused_us": base, "best": best, "speedup": base / best["us"],
             "floor_us": weight_bytes / 4.8e12 * 1e6, "tried": tried}
@@ -245,6 +268,8 @@ def main() -> None:
     p.add_argument("--skip", type=Path, help=argparse.SUPPRESS)  # configurations that crashed the compiler
     p.add_argument("--rows", default="1,2,4,8,16")
     p.add_argument("--models", default="orpheus,qwen3,csm")
+    p.add_argument("--weights", choices=["model", "fp8"], default="model",
+                   help="fp8: float8 weights with their scales (--quantization fp8), entries of their own dtype")
     p.add_argument("--min-speedup", type=float, default=1.03, help="an entry needs this ratio over the unfused ops")
     args = p.parse_args()
     if not args.compile_only and (args.out is None or args.table is None):
@@ -255,14 +280,15 @@ def main() -> None:
     crashed = set(args.skip.read_text().split("\n")) - {""} if args.skip else set()
     if args.compile_only:
         for shape, m in cases:
-            compile_only(Case(shape, m), crashed)
+            compile_only(Case(shape, m, fp8=args.weights == "fp8"), crashed)
         return
     if args.compile_jobs > 0:
         crashed = compile_in_parallel(args, args.compile_jobs, args.out.with_suffix(".crashed.txt"))
     results = []
     plain_won: dict[tuple[str, int, int, int], BlockConfig] = {}  # (model, n, k, rows) of the plain entries
     for shape, m in cases:
-        r = measure(Case(shape, m, plain_won.get((shape.model, shape.n, shape.k, m))), crashed)
+        r = measure(Case(shape, m, plain_won.get((shape.model, shape.n, shape.k, m)), fp8=args.weights == "fp8"),
+                    crashed)
         results.append(r)
         if shape.kind is Kind.PLAIN and won(r, args.min_speedup):
             plain_won[(shape.model, shape.n, shape.k, m)] = BlockConfig.of_list(r["best"]["config"])
@@ -270,10 +296,11 @@ def main() -> None:
               f"unfused {r['unfused_us']:7.2f} us, fused {r['best']['us']:7.2f} us {r['best']['config']} "
               f"(x{r['speedup']:.2f}, floor {r['floor_us']:.2f} us, err {r['best']['err']:.1e})", flush=True)
     entries = {}
+    dtype = "float8_e4m3fn" if args.weights == "fp8" else "bfloat16"
     for r in results:
         if won(r, args.min_speedup):
-            key = (r["kind"], "bfloat16", small_gemm.rows_bucket(r["rows"]), r["n"], r["k"])
-            entries[key] = {"kind": r["kind"], "dtype": "bfloat16", "rows": key[2], "n": r["n"], "k": r["k"],
+            key = (r["kind"], dtype, small_gemm.rows_bucket(r["rows"]), r["n"], r["k"])
+            entries[key] = {"kind": r["kind"], "dtype": dtype, "rows": key[2], "n": r["n"], "k": r["k"],
                             "config": r["best"]["config"]}
     device = torch.cuda.get_device_name()
     args.out.write_text(json.dumps({"device": device, "compiler_crashed": sorted(crashed), "results": results},

@@ -18,8 +18,9 @@ blocks: the input rows (M <= 16) are re-read by every block, the weight once.
 
 Each takes `scale` for a float8 weight (rt/fp8_gemm, `--quantization fp8`): W [N, K] in e4m3 with one float32
 scale per output row, converted as it loads and the products scaled once per column after the K loop (what
-`fp8_gemm.reference_linear` computes). Such a weight takes its own table entries (dtype "float8_e4m3fn") where
-measured, else those of the activations' dtype for the same shape.
+`fp8_gemm.reference_linear` computes). Such a weight takes its own table entries (dtype "float8_e4m3fn",
+`benchmark/small_gemm.py --weights fp8`) on a GPU whose table has them, else those of the activations' dtype for
+the same shape.
 
 Rounding follows the unfused ops where the one pass allows: the sum x + delta is rounded to the input dtype, the
 gate and up projections are rounded before the gate. The normed rows are not rounded as RMSNorm's output would
@@ -155,9 +156,17 @@ def _config(x: Tensor, weight: Tensor, kind: Kind, n: int, scale: Tensor | None)
         return forced(kind, m, n, k) if triton is not None else None
     if not (triton_ops.enabled(x) and x.is_cuda and (scale is not None or x.dtype == weight.dtype)):
         return None
-    table = _table(x.device.index or 0)
+    device = x.device.index or 0
     key = (kind.value, _dtype_name(weight.dtype), rows_bucket(m), n, k)
-    return table.get(key) or (table.get((kind.value, _dtype_name(x.dtype), *key[2:])) if scale is not None else None)
+    if scale is not None and not _measured_fp8(device):  # the activations' entry until float8 is measured here
+        key = (kind.value, _dtype_name(x.dtype), *key[2:])
+    return _table(device).get(key)
+
+
+@functools.cache
+def _measured_fp8(device_index: int) -> bool:
+    """Whether the device's table has float8-weight entries (then a shape without one runs the float8 GEMM)."""
+    return any(key[1] == _dtype_name(FP8) for key in _table(device_index))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, scale: Tensor | None = None) -> Tensor | None:
