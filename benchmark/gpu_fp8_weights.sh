@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Float8 decoder weights (--quantization fp8: rt/fp8_gemm, layers/fp8) against the model's bfloat16 weights, in one
 # device call on one GPU (results under $OUT). Parts, in the order named in PARTS (default "tests profile ttfa"):
+#   sweep    rt/small_gemm's kernels over float8 weights at 1-16 rows against the float8 GEMM, Orpheus' shapes
+#            (benchmark/small_gemm.py --weights fp8); the entries that won, on top of this GPU's packaged table,
+#            become VOX_SMALL_GEMM_TABLE for the parts after it ($OUT/small_gemm_fp8_table.json);
 #   tests    the GPU tier's float8-weight checks: the small-rows kernels with scales and the rows' quantization
 #            against the CPU references, the float8 GEMM at 1-256 rows, a decoder stack on both paths against its
 #            dequantized weights, full-size Orpheus and Qwen3-TTS graphs equal to their eager steps, and the Rust
@@ -38,6 +41,21 @@ profile() {  # model batches tag flags...: the captured decode step per batch, w
 }
 for part in $PARTS; do
   case $part in
+    sweep)
+      timeout "$(capped 240)" python3 benchmark/small_gemm.py --weights fp8 --models "${SWEEP_MODELS:-orpheus}" \
+        --rows 1,2,4,8,16 --compile-jobs 14 --out "$OUT/small_gemm_fp8.json" --table "$OUT/sg_fp8.json" 2>&1 \
+        | grep -v "^begin" | tee "$OUT/small_gemm_fp8.txt" | cut -c1-200
+      python3 - "$OUT/sg_fp8.json" "$OUT/small_gemm_fp8_table.json" <<'PY' && export VOX_SMALL_GEMM_TABLE=$OUT/small_gemm_fp8_table.json
+import json, sys
+import torch
+from vox_serve.rt import small_gemm
+measured = json.load(open(sys.argv[1]))
+base = small_gemm.table_path(torch.cuda.get_device_name())
+json.dump({"device": measured["device"], "made_by": measured["made_by"], "extends": base.name,
+           "entries": measured["entries"]}, open(sys.argv[2], "w"), indent=1)
+print(f"{len(measured['entries'])} float8 entries on top of {base.name}")
+PY
+      ;;
     tests)
       timeout "$(capped 200)" python3 -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_gpu.py \
         tests/test_rust_runtime.py -k "float8 or rows_quantize or w8" > "$OUT/tests.txt" 2>&1
