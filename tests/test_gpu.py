@@ -84,14 +84,16 @@ def test_graph_replay_equals_eager(backend: str, dtype: str, model: str, kv: str
     _assert_same(eager, graphed, pcm_tol=2.0)  # int16 steps: rounding of identical math
 
 
-@pytest.mark.parametrize("model", ["orpheus", "qwen3-tts"])
-def test_graph_replay_equals_eager_with_float8_weights(model: str) -> None:
+def test_graph_replay_equals_eager_with_float8_weights() -> None:
     """`--quantization fp8`: the small-rows kernels with scales, the rows' quantization and the float8 GEMMs
-    captured (prefill and 8-row decode)."""
+    captured (prefill and 4-row decode). Orpheus only: full-size Qwen3-TTS with dummy weights does not keep its
+    greedy codes between eager and captured steps even in bfloat16 (near-tied logits; on an H100 one of three
+    requests diverged, benchmark/results/h100-2026-12-07d), so its float8 run is compared with the Rust runtime's
+    instead (tests/test_rust_runtime.py, `qwen3-w8`)."""
     if not flashinfer_available():
         pytest.skip("flashinfer not installed")
-    eager = _run(_config("flashinfer", "bfloat16", model, quantization="fp8"), use_graphs=False)
-    graphed = _run(_config("flashinfer", "bfloat16", model, quantization="fp8"), use_graphs=True)
+    eager = _run(_config("flashinfer", "bfloat16", "orpheus", quantization="fp8"), use_graphs=False)
+    graphed = _run(_config("flashinfer", "bfloat16", "orpheus", quantization="fp8"), use_graphs=True)
     _assert_same(eager, graphed, pcm_tol=2.0)
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from vox_serve.rt import small_gemm
 from vox_serve.rt.small_gemm import BlockConfig, Kind
@@ -34,7 +36,7 @@ def test_packaged_tables_parse_to_valid_configurations(path: Path) -> None:
     table = small_gemm.read_table(path)  # with the table it extends, if any
     assert table.items() >= own.items()
     for (kind, dtype, rows, n, k), config in table.items():
-        assert Kind(kind) and dtype == "bfloat16" and rows == small_gemm.rows_bucket(rows) <= small_gemm.MAX_ROWS
+        assert Kind(kind) and dtype in ("bfloat16", "float8_e4m3fn") and rows == small_gemm.rows_bucket(rows) <= small_gemm.MAX_ROWS
         assert n > 0 and k > 0 and config.warps in (1, 2, 4, 8) and config.stages >= 1
         for block in (config.block_n, config.block_k):
             assert block & (block - 1) == 0  # Triton's blocks are powers of two
@@ -44,8 +46,31 @@ def test_an_extending_table_is_its_base_with_its_own_entries_on_top() -> None:
     h100 = small_gemm.read_table(small_gemm.table_path("NVIDIA H100 80GB HBM3"))
     h200 = small_gemm.read_table(small_gemm.table_path("NVIDIA H200"))
     gate_up = ("gated", "bfloat16", 1, 8192, 3072)
-    assert gate_up in h100 and gate_up not in h200
-    assert {k: v for k, v in h100.items() if k != gate_up} == h200
+    own = {k for k in h100 if k[1] == "float8_e4m3fn"} | {gate_up}  # the H100's float8 entries: Orpheus at 1 row
+    assert gate_up in h100 and not own & h200.keys() and len(own) == 5
+    assert {k: v for k, v in h100.items() if k not in own} == h200
+
+
+def test_float8_weights_take_their_own_entries_else_the_float8_gemm_else_the_activations_entries(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the table has float8 entries for a shape, the rows without one run the float8 GEMM (None here); a
+    shape never measured with float8 weights takes its bfloat16 entries."""
+    table = {("plain", "float8_e4m3fn", 1, 64, 32): BlockConfig(2, 32),
+             ("plain", "bfloat16", 2, 64, 32): BlockConfig(4, 32),
+             ("plain", "bfloat16", 2, 48, 32): BlockConfig(8, 32)}
+    monkeypatch.setattr(small_gemm, "_table", lambda device: table)
+    monkeypatch.setattr(small_gemm, "_measured_fp8", small_gemm._measured_fp8.__wrapped__)
+    monkeypatch.setattr(small_gemm.triton_ops, "enabled", lambda t: True)
+
+    def config(rows: int, n: int) -> BlockConfig | None:
+        x = SimpleNamespace(shape=(rows, 32), dim=lambda: 2, is_cuda=True, dtype=torch.bfloat16,
+                            device=torch.device("cpu"))
+        weight = torch.zeros(n, 32, dtype=small_gemm.FP8)
+        return small_gemm._config(x, weight, Kind.PLAIN, n, scale=torch.ones(n))
+
+    assert config(1, 64) == BlockConfig(2, 32)
+    assert config(2, 64) is None  # measured in float8: the float8 GEMM
+    assert config(2, 48) == BlockConfig(8, 32)  # not measured in float8: the bfloat16 entry
 
 
 @pytest.mark.parametrize("name", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])

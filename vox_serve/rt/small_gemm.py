@@ -19,8 +19,8 @@ blocks: the input rows (M <= 16) are re-read by every block, the weight once.
 Each takes `scale` for a float8 weight (rt/fp8_gemm, `--quantization fp8`): W [N, K] in e4m3 with one float32
 scale per output row, converted as it loads and the products scaled once per column after the K loop (what
 `fp8_gemm.reference_linear` computes). Such a weight takes its own table entries (dtype "float8_e4m3fn",
-`benchmark/small_gemm.py --weights fp8`) on a GPU whose table has them, else those of the activations' dtype for
-the same shape.
+`benchmark/small_gemm.py --weights fp8`) where the GPU's table has some for its shape (at the rows without one, the
+float8 GEMM), else the entries of the activations' dtype for the same shape.
 
 Rounding follows the unfused ops where the one pass allows: the sum x + delta is rounded to the input dtype, the
 gate and up projections are rounded before the gate. The normed rows are not rounded as RMSNorm's output would
@@ -158,15 +158,16 @@ def _config(x: Tensor, weight: Tensor, kind: Kind, n: int, scale: Tensor | None)
         return None
     device = x.device.index or 0
     key = (kind.value, _dtype_name(weight.dtype), rows_bucket(m), n, k)
-    if scale is not None and not _measured_fp8(device):  # the activations' entry until float8 is measured here
-        key = (kind.value, _dtype_name(x.dtype), *key[2:])
+    if scale is not None and (kind.value, n, k) not in _measured_fp8(device):  # the activations' entry until
+        key = (kind.value, _dtype_name(x.dtype), *key[2:])  # the float8 weights of this shape are measured here
     return _table(device).get(key)
 
 
 @functools.cache
-def _measured_fp8(device_index: int) -> bool:
-    """Whether the device's table has float8-weight entries (then a shape without one runs the float8 GEMM)."""
-    return any(key[1] == _dtype_name(FP8) for key in _table(device_index))
+def _measured_fp8(device_index: int) -> frozenset[tuple[str, int, int]]:
+    """The (kind, N, K) shapes with float8-weight entries in the device's table: at the rows without one, such a
+    shape runs the float8 GEMM."""
+    return frozenset((key[0], key[3], key[4]) for key in _table(device_index) if key[1] == _dtype_name(FP8))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, scale: Tensor | None = None) -> Tensor | None:
