@@ -43,7 +43,7 @@ for part in $PARTS; do
   case $part in
     sweep)
       timeout "$(capped 240)" python3 benchmark/small_gemm.py --weights fp8 --models "${SWEEP_MODELS:-orpheus}" \
-        --rows 1,2,4,8,16 --compile-jobs 14 --out "$OUT/small_gemm_fp8.json" --table "$OUT/sg_fp8.json" 2>&1 \
+        --rows "${SWEEP_ROWS:-1,2,4,8,16}" --compile-jobs 14 --out "$OUT/small_gemm_fp8.json" --table "$OUT/sg_fp8.json" 2>&1 \
         | grep -v "^begin" | tee "$OUT/small_gemm_fp8.txt" | cut -c1-200
       python3 - "$OUT/sg_fp8.json" "$OUT/small_gemm_fp8_table.json" <<'PY' && export VOX_SMALL_GEMM_TABLE=$OUT/small_gemm_fp8_table.json
 import json, sys

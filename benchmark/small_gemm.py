@@ -75,13 +75,16 @@ DOT_CONFIGS = [BlockConfig(16, 128, dot=True), BlockConfig(16, 256, dot=True, st
                BlockConfig(32, 128, dot=True, stages=4), BlockConfig(16, 512, dot=True),
                BlockConfig(32, 256, dot=True), BlockConfig(64, 64, dot=True, stages=4),
                BlockConfig(16, 256, dot=True, unroll=True)]
+# float8 weights move half the bytes per element: longer K blocks keep as many bytes in flight per program
+FP8_FMA_CONFIGS = [BlockConfig(1, 2048), BlockConfig(1, 4096), BlockConfig(2, 4096), BlockConfig(4, 2048),
+                   BlockConfig(8, 1024), BlockConfig(2, 2048, stages=2), BlockConfig(4, 2048, stages=2)]
 FMA_MAX_ROWS = 4
 FMA_TILE_PER_WARP = 2048  # accumulator floats per warp (64 per thread): bucket x block_n x block_k (x 2 gated)
 MAX_UNROLLED_STEPS = 8
 MAX_COMPILE_ATTEMPTS = 30
 
 
-def candidates(shape: Shape, m: int) -> list[BlockConfig]:
+def candidates(shape: Shape, m: int, fp8: bool = False) -> list[BlockConfig]:
     halves = 2 if shape.kind is Kind.GATED else 1
 
     def fits(c: BlockConfig) -> bool:
@@ -89,7 +92,7 @@ def candidates(shape: Shape, m: int) -> list[BlockConfig]:
             return False
         return c.dot or small_gemm.rows_bucket(m) * c.block_n * c.block_k * halves <= FMA_TILE_PER_WARP * c.warps
 
-    fma = FMA_CONFIGS if m <= FMA_MAX_ROWS else []
+    fma = FMA_CONFIGS + (FP8_FMA_CONFIGS if fp8 else []) if m <= FMA_MAX_ROWS else []
     return [c for c in fma + DOT_CONFIGS if fits(c)]
 
 
@@ -185,14 +188,15 @@ def compile_key(shape: Shape, m: int, config: BlockConfig) -> str:
     return f"{shape.kind.value} k={shape.k} block_m={block_m} {config.as_list()}"
 
 
-def usable(shape: Shape, m: int, crashed: set[str]) -> list[BlockConfig]:
-    return [c for c in candidates(shape, m) if compile_key(shape, m, c) not in crashed]
+def usable(case: Case, crashed: set[str]) -> list[BlockConfig]:
+    shape, m = case.shape, case.m
+    return [c for c in candidates(shape, m, fp8=bool(case.scales)) if compile_key(shape, m, c) not in crashed]
 
 
 def compile_only(case: Case, crashed: set[str]) -> None:
     """Each candidate run once, its kernel compiled into Triton's cache; "begin KEY" before each, so that a
     compiler crash (an abort, which no try catches) names the configuration that caused it."""
-    for config in usable(case.shape, case.m, crashed):
+    for config in usable(case, crashed):
         print("begin", compile_key(case.shape, case.m, config), flush=True)
         small_gemm.forced = lambda kind, m, n, k, c=config: c
         try:
@@ -236,7 +240,7 @@ def measure(case: Case, crashed: set[str]) -> dict:
     base = graph_us(case.unfused, case.weights)
     ref = case.reference(case.weights[0]).float()
     tried = []
-    for config in usable(case.shape, case.m, crashed):
+    for config in usable(case, crashed):
         small_gemm.forced = lambda kind, m, n, k, c=config: c
         try:
             got = case.fused(case.weights[0]).float()
