@@ -15,8 +15,7 @@ from torch import nn
 from vox_serve.cli import CliError, build_config, check_flags, given_flags
 from vox_serve.config import CacheConfig, ConfigError, ModelConfig, VoxConfig
 from vox_serve.engine.build import load_program
-from vox_serve.layers.decoder import DecoderLayer
-from vox_serve.layers.fp8 import PROJECTIONS, Fp8Linear
+from vox_serve.layers.fp8 import PROJECTIONS, Fp8Linear, decoder_layers
 from vox_serve.rt import fp8_gemm
 
 
@@ -88,7 +87,7 @@ def _config(model: str, **model_fields: str) -> VoxConfig:
 def test_orpheus_loads_its_decoder_layers_in_float8_and_keeps_the_rest() -> None:
     plain = load_program(_config("orpheus-tiny"))
     program = build_program(_config("orpheus-tiny", quantization="fp8"))
-    layers = [m for m in program.lm.modules() if isinstance(m, DecoderLayer)]
+    layers = decoder_layers([program.lm])
     assert layers and all(isinstance(getattr(la, p), Fp8Linear) for la in layers for p in PROJECTIONS)
     assert type(program.lm.lm_head) is nn.Linear and program.lm.lm_head.weight.dtype == torch.float32
     projection_bytes = sum(getattr(la, p).weight.numel() for la in layers for p in PROJECTIONS)
@@ -99,7 +98,7 @@ def test_orpheus_loads_its_decoder_layers_in_float8_and_keeps_the_rest() -> None
 @pytest.mark.parametrize("model", ["qwen3-tts-tiny", "csm-tiny"])
 def test_every_decoder_layer_of_the_model_is_quantized(model: str) -> None:
     program = load_program(_config(model, quantization="fp8"))
-    layers = [m for module in program.quantizable_modules() for m in module.modules() if isinstance(m, DecoderLayer)]
+    layers = decoder_layers(program.quantizable_modules())
     assert len(layers) >= 2
     assert all(isinstance(getattr(la, p), Fp8Linear) for la in layers for p in PROJECTIONS)
 

@@ -36,7 +36,8 @@ def test_packaged_tables_parse_to_valid_configurations(path: Path) -> None:
     table = small_gemm.read_table(path)  # with the table it extends, if any
     assert table.items() >= own.items()
     for (kind, dtype, rows, n, k), config in table.items():
-        assert Kind(kind) and dtype in ("bfloat16", "float8_e4m3fn") and rows == small_gemm.rows_bucket(rows) <= small_gemm.MAX_ROWS
+        assert Kind(kind) and dtype in ("bfloat16", "float8_e4m3fn")
+        assert rows == small_gemm.rows_bucket(rows) <= small_gemm.MAX_ROWS
         assert n > 0 and k > 0 and config.warps in (1, 2, 4, 8) and config.stages >= 1
         for block in (config.block_n, config.block_k):
             assert block & (block - 1) == 0  # Triton's blocks are powers of two
