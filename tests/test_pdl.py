@@ -56,13 +56,16 @@ def _types(pointers: str, scalars: str = "", **pointer_types: str) -> dict[str, 
     return out | {name: f"*{t}" for name, t in pointer_types.items()}
 
 
-def _gemm() -> tuple:
+def _gemm(float8: bool = False) -> tuple:
+    """The small-rows projection kernel; `float8`: over a float8 weight with its scales (`--quantization fp8`)."""
     from vox_serve.rt import small_gemm
 
-    types = _types("x_ptr d_ptr nw_ptr sum_ptr w_ptr b_ptr out_ptr", "m N") | {"eps": "fp32"}
+    types = _types("x_ptr d_ptr nw_ptr sum_ptr w_ptr b_ptr out_ptr", "m N", s_ptr="fp32") | {"eps": "fp32"}
+    if float8:
+        types["w_ptr"] = "*fp8e4nv"
     return small_gemm._small_linear_kernel, types, dict(
-        K=1024, HAS_DELTA=False, NORM=True, GATED=True, GATED_IN=False, HAS_BIAS=False, DOT=False, UNROLL=False,
-        BLOCK_M=1, BLOCK_N=8, BLOCK_K=256)
+        K=1024, HAS_DELTA=False, NORM=True, GATED=True, GATED_IN=False, HAS_BIAS=False, SCALED=float8, DOT=False,
+        UNROLL=False, BLOCK_M=1, BLOCK_N=8, BLOCK_K=256)
 
 
 def _participants() -> list[tuple]:
@@ -81,6 +84,7 @@ def _participants() -> list[tuple]:
                      history_out="i64", kv_indices_out="i32")
     return [
         _gemm(),
+        _gemm(float8=True),
         (triton_ops._add_rms_norm_kernel, _types("x_ptr delta_ptr weight_ptr sum_ptr out_ptr", "width") |
          {"eps": "fp32"}, dict(BLOCK=1024)),
         (triton_ops._silu_mul_kernel, _types("x_ptr out_ptr", "total width"), dict(BLOCK=1024)),
@@ -113,7 +117,7 @@ def _participants() -> list[tuple]:
     ]
 
 
-@pytest.mark.parametrize("index", range(10))
+@pytest.mark.parametrize("index", range(11))
 def test_every_participating_kernel_waits_before_it_touches_memory(index: int) -> None:
     """The PDL contract in the compiled PTX of each kernel launched with it: griddepcontrol.wait comes before its
     first global load, store or atomic, and the next kernel is let launch only after that wait. Compiled without
@@ -139,3 +143,4 @@ def test_the_participants_are_every_kernel_with_a_pdl_parameter() -> None:
     kernels = {v for m in modules for v in vars(m).values()
                if isinstance(v, triton.runtime.jit.JITFunction) and "PDL" in v.arg_names and v is not pdl.enter}
     assert kernels == {k for k, _, _ in _participants()}
+    assert len(_participants()) == 11  # the parametrization above: every one
