@@ -68,7 +68,7 @@ def paged_stack_outputs(qk_norm: bool, dtype: torch.dtype, device: str, weights:
 
 def _set_weights(layers: nn.ModuleList, weights: str) -> None:
     if weights == "fp8":
-        quantize_decoder_layers([layers])
+        quantize_decoder_layers(layers)
     elif weights == "dequantized":
         with torch.no_grad():
             for layer in layers:

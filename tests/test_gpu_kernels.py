@@ -16,6 +16,8 @@ from triton_checks.check_ops import (
     check_small_gemm,
 )
 
+from vox_serve.layers.decoder import project
+from vox_serve.layers.fp8 import Fp8Linear
 from vox_serve.layers.rope import RotaryEmbedding
 from vox_serve.rt import codec_kernels, fp8_gemm, kernels, small_gemm, triton_ops
 
@@ -217,14 +219,15 @@ def test_rows_quantize_to_float8_exactly_as_the_torch_ops_do() -> None:
 
 @pytest.mark.parametrize("rows", [1, 4, 16, 17, 256])
 def test_float8_projections_at_every_batch_match_their_references(rows: int) -> None:
-    """fp8_gemm.linear as a model runs it (the small-rows kernel where the GPU's table serves the shape, else the
-    float8 GEMM) against the weight-only reference, within the rows' rounding to float8 (e4m3: 3 mantissa bits,
-    ~2 % of a product); and the float8 GEMM against the product of its two dequantized operands."""
+    """A float8 projection as a decoder layer runs it (`project`: the small-rows kernel where the GPU's table serves
+    the shape, else `Fp8Linear.forward`'s float8 GEMM) against the weight-only reference, within the rows' rounding
+    to float8 (e4m3: 3 mantissa bits, ~2 % of a product); and the float8 GEMM against the product of its two
+    dequantized operands."""
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 3072, generator=gen).to("cuda", torch.bfloat16)
     wq, scale = fp8_gemm.quantize_weight(torch.randn(5120, 3072, generator=gen).cuda() / 55)
     ref = fp8_gemm.reference_linear(x, wq, scale)
-    assert max(relative_errors([fp8_gemm.linear(x, wq, scale)], [ref])) < 4e-2
+    assert max(relative_errors([project(Fp8Linear(wq, scale, None), x)], [ref])) < 4e-2
     xq, x_scale = fp8_gemm.quantize_rows(x)
     want = (xq.float() * x_scale) @ fp8_gemm.dequantize_weight(wq, scale, torch.float32).T
     assert max(relative_errors([fp8_gemm.scaled_linear(x, wq, scale)], [want])) < 1e-2  # bfloat16 output

@@ -22,7 +22,7 @@ from vox_serve.config import ConfigError, VoxConfig
 from vox_serve.core.meta import EngineLimits
 from vox_serve.core.stages import EngineHalf
 from vox_serve.engine.capture import StageGraphs, bucket_sizes, capture_all, warm_up
-from vox_serve.layers.fp8 import decoder_projections, quantize_decoder_layers
+from vox_serve.layers.fp8 import PROJECTIONS, decoder_layers, quantize_decoder_layers
 from vox_serve.models.registry import BuildArgs
 from vox_serve.models.registry import build_program as build_model_program
 from vox_serve.rt import fp8_gemm
@@ -70,14 +70,15 @@ def load_program(config: VoxConfig) -> Program:
 def quantize(program: Program, method: str) -> None:
     """`--quantization fp8`: the program's decoder layers with float8 weights (layers/fp8), their bfloat16 weights
     returned to the device before the KV cache is sized; ConfigError where the device or the model cannot."""
-    linears = decoder_projections(program.quantizable_modules())
-    if not linears:
+    layers = decoder_layers(program.quantizable_modules())
+    if not layers:
         raise ConfigError(f"--quantization {method}: {program.meta.name} has no decoder layers it serves in float8 "
                           "(orpheus, qwen3-tts and csm have)")
-    reason = fp8_gemm.unsupported(program.device, program.dtype, [tuple(lin.weight.shape) for lin in linears])
+    shapes = [tuple(getattr(layer, name).weight.shape) for layer in layers for name in PROJECTIONS]
+    reason = fp8_gemm.unsupported(program.device, program.dtype, shapes)
     if reason is not None:
         raise ConfigError(reason)
-    quantize_decoder_layers(program.quantizable_modules())
+    quantize_decoder_layers(layers)
     if program.device.type == "cuda":
         torch.cuda.empty_cache()
 

@@ -4,7 +4,8 @@ After its weights load, a program's decoder layers (`Program.quantizable_modules
 them) have their four projections (q/k/v, o, gate/up, down) replaced by `Fp8Linear`s: each weight quantized per
 output row to float8 e4m3 with a float32 scale, the bfloat16 weight freed. Embeddings, heads, norms and the codec
 keep the model's dtype: the projections are where a decode step's bytes are (Orpheus-3B: 5.6 of its 6.3 GB).
-The decoder layer passes the scales to rt/small_gemm's fused kernels, and `Fp8Linear.forward` serves the rest.
+The decoder layer passes the scales to rt/small_gemm's fused kernels where its table serves a shape, and
+`Fp8Linear.forward` (the float8 GEMM) serves the rest.
 """
 
 from __future__ import annotations
@@ -46,20 +47,12 @@ class Fp8Linear(nn.Module):
 
 
 def decoder_layers(modules: Iterable[nn.Module]) -> list[DecoderLayer]:
+    """Every DecoderLayer inside `modules`."""
     return [m for module in modules for m in module.modules() if isinstance(m, DecoderLayer)]
 
 
-def decoder_projections(modules: Iterable[nn.Module]) -> list[nn.Module]:
-    """The projections of every DecoderLayer in `modules`."""
-    return [getattr(layer, name) for layer in decoder_layers(modules) for name in PROJECTIONS]
-
-
-def quantize_decoder_layers(modules: Iterable[nn.Module]) -> int:
-    """Replace the projections of every DecoderLayer in `modules` with Fp8Linear; returns how many layers."""
-    layers = decoder_layers(modules)
+def quantize_decoder_layers(layers: Iterable[DecoderLayer]) -> None:
+    """Replace each layer's projections (nn.Linear) with their Fp8Linear forms."""
     for layer in layers:
         for name in PROJECTIONS:
-            linear = getattr(layer, name)
-            if isinstance(linear, nn.Linear):
-                setattr(layer, name, Fp8Linear.of(linear))
-    return len(layers)
+            setattr(layer, name, Fp8Linear.of(getattr(layer, name)))

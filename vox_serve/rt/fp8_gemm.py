@@ -8,7 +8,8 @@ output channel, so a decode step at a few rows reads half the bytes it reads in 
 - `scaled_linear(x, wq, scale)`: the rows quantized too (one float8 scale per row, `quantize_rows`), then
   cuBLASLt's float8 GEMM (`torch._scaled_mm`, row-wise scales): the float8 tensor cores, for every other shape on
   a GPU of compute capability 8.9 or more;
-- `linear(x, wq, scale)`: whichever of the three serves x.
+- `linear(x, wq, scale)`: the float8 GEMM on a GPU, the reference on a CPU (`Fp8Linear.forward`; the decoder layer
+  tries rt/small_gemm's kernels first, `layers/decoder.project`).
 
 Weight-only at a few rows (reading the weight is the cost; the activations stay exact) and float8 GEMMs from
 there on (the tensor cores' float8 rate where the step is compute-bound) is how the common serving engines run
@@ -21,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from vox_serve.rt import small_gemm, triton_ops
+from vox_serve.rt import triton_ops
 
 try:
     import triton
@@ -94,13 +95,10 @@ def scaled_linear(x: Tensor, wq: Tensor, scale: Tensor, bias: Tensor | None = No
 
 
 def linear(x: Tensor, wq: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x [..., K] @ (wq * scale).T (+ bias) -> [..., N]: rt/small_gemm's weight-only kernel where its table serves
-    the shape, the float8 GEMM elsewhere on a GPU, the float32 reference on a CPU."""
+    """x [..., K] @ (wq * scale).T (+ bias) -> [..., N]: the float8 GEMM on a GPU, the float32 reference on a CPU."""
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k)
-    y = small_gemm.linear(rows, wq, bias, scale=scale)
-    if y is None:
-        y = scaled_linear(rows, wq, scale, bias) if rows.is_cuda else reference_linear(rows, wq, scale, bias)
+    y = scaled_linear(rows, wq, scale, bias) if rows.is_cuda else reference_linear(rows, wq, scale, bias)
     return y.reshape(*lead, wq.shape[0])
 
 

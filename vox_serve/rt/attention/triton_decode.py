@@ -79,7 +79,6 @@ class DecodeConfig:
     dot: bool = True
     head_major: bool = False
 
-
     @property
     def name(self) -> str:
         """"BLOCK_N/WARPS/STAGES[/h]", what `parse` reads."""
