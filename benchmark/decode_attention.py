@@ -125,7 +125,7 @@ class Case:
         reads), and a placeholder output (not compared)."""
         layers = GEOMETRIES[self.geometry][0]
         layer = itertools.count()
-        return graph_us(lambda: self.own[next(layer) % layers].view(torch.int32).sum(), layers), None
+        return graph_us(lambda: self.own[next(layer) % layers].view(torch.float32).sum(), layers), None
 
     def triton(self, config: DecodeConfig, per_sm: int, hnd: bool = False) -> tuple[float, torch.Tensor]:
         """The Triton kernel's microseconds per launch under `config` (over the heads-first caches with `hnd`),

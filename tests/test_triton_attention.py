@@ -96,6 +96,13 @@ def check_decode_fp8() -> None:
                 ws = dk.DecodeWorkspace.allocate(rows, hkv, hq // hkv, 16, splits, torch.device("cpu"))
                 got = dk.decode_attention(q, cache, table, kv_lens, 0.25, ws, config)
                 assert (got - ref).abs().max().item() < 1e-5, (i, config, splits)
+        # a bfloat16 q: the cache read as float16 (the default) or as bfloat16 ("/q"); the interpreter's
+        # bfloat16 tl.dot is wrong, so the bfloat16 route runs on FMAs
+        for config in (dk.DecodeConfig(block_n=8, dot=False), dk.DecodeConfig(block_n=32, dot=True),
+                       dk.DecodeConfig(block_n=8, dot=False, f16=False)):
+            ws = dk.DecodeWorkspace.allocate(rows, hkv, hq // hkv, 16, 4, torch.device("cpu"))
+            got = dk.decode_attention(q.bfloat16(), cache, table, kv_lens, 0.25, ws, config)
+            assert got.dtype == torch.bfloat16 and (got.float() - ref).abs().max().item() < 2e-2, (i, config)
 
 
 def check_write_fp8(device: str = "cpu") -> None:

@@ -78,20 +78,26 @@ class DecodeConfig:
     stages: int = 2
     dot: bool = True
     head_major: bool = False
+    f16: bool = True  # a float8 cache's K and V converted to float16 for a 16-bit q (one instruction per pair),
+    # else to q's dtype
 
     @property
     def name(self) -> str:
-        """"BLOCK_N/WARPS/STAGES[/h]", what `parse` reads."""
-        return f"{self.block_n}/{self.warps}/{self.stages}" + ("/h" if self.head_major else "")
+        """"BLOCK_N/WARPS/STAGES[/h][/q]", what `parse` reads."""
+        flags = ("/h" if self.head_major else "") + ("" if self.f16 else "/q")
+        return f"{self.block_n}/{self.warps}/{self.stages}{flags}"
 
     @classmethod
     def parse(cls, text: str) -> DecodeConfig:
-        """"BLOCK_N/WARPS/STAGES", with "/h" for head-major programs: "64/4/3/h"."""
+        """"BLOCK_N/WARPS/STAGES", then "/h" for head-major programs and "/q" for a float8 cache converted to q's
+        dtype rather than float16: "64/4/3/h"."""
         parts = text.strip().split("/")
-        if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "h") or not all(
+        flags = parts[3:]
+        if len(parts) < 3 or len(flags) != len(set(flags)) or not set(flags) <= {"h", "q"} or not all(
                 p.isdigit() and int(p) > 0 for p in parts[:3]):
-            raise ValueError(f"decode config {text!r}: use BLOCK_N/WARPS/STAGES[/h], e.g. 64/4/3")
-        return cls(block_n=int(parts[0]), warps=int(parts[1]), stages=int(parts[2]), head_major=len(parts) == 4)
+            raise ValueError(f"decode config {text!r}: use BLOCK_N/WARPS/STAGES[/h][/q], e.g. 64/4/3")
+        return cls(block_n=int(parts[0]), warps=int(parts[1]), stages=int(parts[2]), head_major="h" in flags,
+                   f16="q" not in flags)
 
 
 DEFAULT_CONFIG = DecodeConfig()
@@ -212,7 +218,8 @@ def decode_attention(q: Tensor, cache: Tensor, page_table: Tensor, kv_lens: Tens
         q, cache, page_table, kv_lens, out, workspace.partial_out, workspace.partial_ml, workspace.counters,
         scale, q.stride(0), q.stride(1), page_table.stride(0), out.stride(0), out.stride(1),
         HKV=num_kv_heads, G=group, G_PAD=gp, D=head_dim, PAGE=page_size, SPLITS=workspace.splits,
-        BLOCK_N=config.block_n, DOT=config.dot, HEAD_MAJOR=config.head_major, HND=heads_first, num_warps=config.warps,
+        BLOCK_N=config.block_n, DOT=config.dot, HEAD_MAJOR=config.head_major, HND=heads_first,
+        F16=config.f16 and cache.dtype.itemsize == 1 and q.dtype.itemsize == 2, num_warps=config.warps,
         num_stages=config.stages)
     return out
 
@@ -260,7 +267,8 @@ if triton is not None:
     def _decode_kernel(q_ptr, cache_ptr, pt_ptr, kv_lens_ptr, out_ptr, po_ptr, pml_ptr, counter_ptr, scale,
                        stride_qr, stride_qh, stride_pt, stride_or, stride_oh, HKV: tl.constexpr, G: tl.constexpr,
                        G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, SPLITS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, DOT: tl.constexpr, HEAD_MAJOR: tl.constexpr, HND: tl.constexpr):
+                       BLOCK_N: tl.constexpr, DOT: tl.constexpr, HEAD_MAJOR: tl.constexpr, HND: tl.constexpr,
+                       F16: tl.constexpr):
         if HEAD_MAJOR:
             h = tl.program_id(0)
             row = tl.program_id(1)
@@ -282,6 +290,9 @@ if triton is not None:
         l_i = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D], tl.float32)
         qk_scale = scale * 1.4426950408889634  # exp2 of scores in log2 units
+        if F16:  # a float8 cache read as float16: q scaled first (no float16 overflow), the scores as they come
+            q = (q.to(tl.float32) * qk_scale).to(tl.float16)
+            qk_scale = 1.0
         for b in range(b0, b1):
             t = b * BLOCK_N + rn
             live = t < kv_len
