@@ -13,6 +13,7 @@ from triton_checks.check_ops import (
     check_depth_attention,
     check_orpheus_step,
     check_quantize_rows,
+    check_quantized_inputs,
     check_small_gemm,
 )
 
@@ -215,6 +216,10 @@ def test_float8_small_row_projections_match_the_reference() -> None:
 
 def test_rows_quantize_to_float8_exactly_as_the_torch_ops_do() -> None:
     check_quantize_rows("cuda")
+
+
+def test_norm_and_gate_quantize_their_rows_as_the_unfused_kernels_do() -> None:
+    check_quantized_inputs("cuda")
 
 
 @pytest.mark.parametrize("rows", [1, 4, 16, 17, 256])

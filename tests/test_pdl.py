@@ -85,9 +85,11 @@ def _participants() -> list[tuple]:
     return [
         _gemm(),
         _gemm(float8=True),
-        (triton_ops._add_rms_norm_kernel, _types("x_ptr delta_ptr weight_ptr sum_ptr out_ptr", "width") |
-         {"eps": "fp32"}, dict(BLOCK=1024)),
+        (triton_ops._add_rms_norm_kernel, _types("x_ptr delta_ptr weight_ptr sum_ptr", "width", out_ptr="fp8e4nv",
+                                                 scale_ptr="fp32") | {"eps": "fp32"}, dict(BLOCK=1024, FP8=True)),
         (triton_ops._silu_mul_kernel, _types("x_ptr out_ptr", "total width"), dict(BLOCK=1024)),
+        (triton_ops._silu_mul_fp8_kernel, _types("x_ptr", "width", out_ptr="fp8e4nv", scale_ptr="fp32"),
+         dict(BLOCK=8192)),
         (triton_ops._rope_write_kv_kernel,
          _types("q_ptr k_ptr v_ptr q_out_ptr kc_ptr vc_ptr qw_ptr kw_ptr", "q_heads sq_t sq_h sk_t sk_h sv_t sv_h "
                 "table_stride page_size c_page c_tok c_head", slot_ptr="i64", pos_ptr="i64", cos_ptr="fp32",
@@ -117,7 +119,7 @@ def _participants() -> list[tuple]:
     ]
 
 
-@pytest.mark.parametrize("index", range(11))
+@pytest.mark.parametrize("index", range(12))
 def test_every_participating_kernel_waits_before_it_touches_memory(index: int) -> None:
     """The PDL contract in the compiled PTX of each kernel launched with it: griddepcontrol.wait comes before its
     first global load, store or atomic, and the next kernel is let launch only after that wait. Compiled without
@@ -143,4 +145,4 @@ def test_the_participants_are_every_kernel_with_a_pdl_parameter() -> None:
     kernels = {v for m in modules for v in vars(m).values()
                if isinstance(v, triton.runtime.jit.JITFunction) and "PDL" in v.arg_names and v is not pdl.enter}
     assert kernels == {k for k, _, _ in _participants()}
-    assert len(_participants()) == 11  # the parametrization above: every one
+    assert len(_participants()) == 12  # the parametrization above: every one

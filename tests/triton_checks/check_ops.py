@@ -419,6 +419,33 @@ def check_quantize_rows(device: str = "cpu") -> None:
             assert torch.equal(got, ref), (dtype, m, k, (got != ref).sum())
 
 
+def check_quantized_inputs(device: str = "cpu") -> None:
+    """add_rms_norm_fp8 and silu_mul_fp8 (one launch each) store the bits of their unfused forms: add_rms_norm,
+    resp. silu_mul, then quantize_rows (rows of 1, 5 and 2 tokens, widths under and over a block, a zero row)."""
+    gen = torch.Generator().manual_seed(13)
+    fp8_gemm.interpret = device == "cpu"
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            for m, k in ((1, 100), (5, 3072), (2, 8192)):
+                x, delta = (torch.randn(m, k, generator=gen).to(dtype).to(device) for _ in range(2))
+                delta[-1] = -x[-1] if m > 1 else delta[-1]  # a row that sums to zero
+                weight = (torch.rand(k, generator=gen) + 0.5).to(dtype).to(device)
+                total, h = triton_ops.add_rms_norm(x, delta, weight, 1e-5)
+                got = triton_ops.add_rms_norm_fp8(x, delta, weight, 1e-5)
+                _same_quantized(got[1:], fp8_gemm.quantize_rows(h), (dtype, m, k, "norm"))
+                assert torch.equal(got[0], total)
+                gate_up = (torch.randn(m, 2 * k, generator=gen) * 4).to(dtype).to(device)
+                got = triton_ops.silu_mul_fp8(gate_up)
+                _same_quantized(got, fp8_gemm.quantize_rows(triton_ops.silu_mul(gate_up)), (dtype, m, k, "gate"))
+    finally:
+        fp8_gemm.interpret = False
+
+
+def _same_quantized(got: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor], case) -> None:
+    assert got[0].dtype == ref[0].dtype == fp8_gemm.FP8 and got[1].shape == ref[1].shape, case
+    assert torch.equal(got[1], ref[1]) and torch.equal(got[0].float(), ref[0].float()), case
+
+
 def check_depthwise() -> None:
     gen = torch.Generator().manual_seed(2)
     for dilation, padding, bias in ((1, 3, True), (3, 9, True), (9, 0, False)):

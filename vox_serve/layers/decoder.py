@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vox_serve.layers.rope import RotaryEmbedding
-from vox_serve.rt import small_gemm, triton_ops
+from vox_serve.rt import fp8_gemm, small_gemm, triton_ops
 from vox_serve.rt.attention import AttentionBackend, AttentionBuffers
 from vox_serve.rt.attention.kv_write import QKPrep
 
@@ -118,8 +118,7 @@ class DecoderLayer(nn.Module):
                  else None)
         if fused is not None:
             return fused
-        x, h = norm.add_norm(x, delta) if delta is not None else (x, norm(x))
-        return x, qkv(h)
+        return norm_project(norm, x, delta, qkv) if delta is not None else (x, qkv(norm(x)))
 
     def _mlp(self, x: Tensor, attn_out: Tensor) -> tuple[Tensor, Tensor]:
         """(stream, MLP output): the residual add and the norm, the gate/up projection with its gate folded into
@@ -129,22 +128,46 @@ class DecoderLayer(nn.Module):
                                       scale=weight_scale(self.gate_up_proj))
         if fused is not None:
             return fused[0], project(self.down_proj, fused[1])
-        x, h = norm.add_norm(x, attn_out)
-        gate_up = self.gate_up_proj(h)
+        x, gate_up = norm_project(norm, x, attn_out, self.gate_up_proj)
         down = small_gemm.gated_linear(gate_up, self.down_proj.weight, self.down_proj.bias,
                                        scale=weight_scale(self.down_proj))
-        if down is not None:
-            return x, down
-        if triton_ops.enabled(x):  # the SwiGLU gate: one kernel
-            return x, project(self.down_proj, triton_ops.silu_mul(gate_up))
-        gate, up = gate_up.chunk(2, dim=-1)
-        return x, project(self.down_proj, F.silu(gate) * up)
+        return x, (gated_project(self.down_proj, gate_up) if down is None else down)
 
 
 def project(linear: nn.Module, x: Tensor) -> Tensor:
     """linear(x) for x [T, in]: one small-rows kernel where one is measured for the shape (`rt.small_gemm`)."""
     y = small_gemm.linear(x, linear.weight, linear.bias, scale=weight_scale(linear))
     return linear(x) if y is None else y
+
+
+def norm_project(norm: RMSNorm, x: Tensor, delta: Tensor, linear: nn.Module) -> tuple[Tensor, Tensor]:
+    """(x + delta, linear(RMSNorm(x + delta))) where no small-rows kernel fuses them: the add and the norm one
+    kernel on GPUs, which also quantizes the rows for a float8 projection's GEMM (`float8_gemm`)."""
+    if float8_gemm(linear, x):
+        x, hq, h_scale = triton_ops.add_rms_norm_fp8(x, delta, norm.weight, norm.eps)
+        return x, fp8_gemm.scaled_mm(hq, h_scale, linear.weight, linear.weight_scale, linear.bias, x.dtype)
+    x, h = norm.add_norm(x, delta)
+    return x, linear(h)
+
+
+def gated_project(linear: nn.Module, gate_up: Tensor) -> Tensor:
+    """linear(silu(gate) * up) for gate_up [T, 2 * in] where no small-rows kernel folds the gate in: the gate one
+    kernel on GPUs, which also quantizes the rows for a float8 projection's GEMM."""
+    if not triton_ops.enabled(gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return project(linear, F.silu(gate) * up)
+    scale = weight_scale(linear)
+    if float8_gemm(linear, gate_up) and not small_gemm.serves(gate_up[:, : gate_up.shape[1] // 2], linear.weight,
+                                                              scale=scale):
+        hq, h_scale = triton_ops.silu_mul_fp8(gate_up)
+        return fp8_gemm.scaled_mm(hq, h_scale, linear.weight, scale, linear.bias, gate_up.dtype)
+    return project(linear, triton_ops.silu_mul(gate_up))
+
+
+def float8_gemm(linear: nn.Module, x: Tensor) -> bool:
+    """Whether `linear` is a float8 projection that runs cuBLASLt's float8 GEMM (rt/fp8_gemm) on rows like x: a
+    GPU with Triton, where the kernel before it can quantize the rows."""
+    return weight_scale(linear) is not None and triton_ops.enabled(x) and x.dim() == 2
 
 
 def weight_scale(linear: nn.Module) -> Tensor | None:

@@ -90,7 +90,14 @@ def scaled_linear(x: Tensor, wq: Tensor, scale: Tensor, bias: Tensor | None = No
     """x [M, K] @ (wq * scale).T (+ bias) as float8 GEMM: x quantized per row, cuBLASLt with row-wise scales,
     the product in x's dtype."""
     xq, x_scale = quantize_rows(x)
-    y = torch._scaled_mm(xq, wq.T, scale_a=x_scale, scale_b=scale.view(1, -1), out_dtype=x.dtype)
+    return scaled_mm(xq, x_scale, wq, scale, bias, x.dtype)
+
+
+def scaled_mm(xq: Tensor, x_scale: Tensor, wq: Tensor, scale: Tensor, bias: Tensor | None, out_dtype: torch.dtype
+              ) -> Tensor:
+    """(xq * x_scale) @ (wq * scale).T (+ bias) in out_dtype for rows already quantized (`quantize_rows`, or
+    the kernel before the projection: triton_ops.add_rms_norm_fp8, silu_mul_fp8)."""
+    y = torch._scaled_mm(xq, wq.T, scale_a=x_scale, scale_b=scale.view(1, -1), out_dtype=out_dtype)
     return y if bias is None else y + bias
 
 
@@ -122,7 +129,4 @@ if triton is not None:
         cols = tl.arange(0, BLOCK)
         mask = cols < K
         x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), axis=0), 448.0), 1e-12)
-        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0)
-        tl.store(out_ptr + row * K + cols, q.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(scale_ptr + row, scale)
+        triton_ops.store_fp8_row(x, out_ptr + row * K + cols, mask, scale_ptr + row)

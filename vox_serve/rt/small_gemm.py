@@ -170,6 +170,11 @@ def _measured_fp8(device_index: int) -> frozenset[tuple[str, int, int]]:
     return frozenset((key[0], key[3], key[4]) for key in _table(device_index) if key[1] == _dtype_name(FP8))
 
 
+def serves(x: Tensor, weight: Tensor, *, scale: Tensor | None = None) -> bool:
+    """Whether `linear(x, weight, scale=scale)` runs a kernel here (x's shape, dtype and device are what count)."""
+    return _config(x, weight, Kind.PLAIN, weight.shape[0], scale) is not None
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, scale: Tensor | None = None) -> Tensor | None:
     """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N], or None where no measured kernel serves the shape."""
     config = _config(x, weight, Kind.PLAIN, weight.shape[0], scale)

@@ -10,6 +10,8 @@ of such ops with one pass:
 - `sample`: the sampling filters (temperature, top-k, top-p, min-p) and the draw (~40 ops) -> 1;
 - `silu_mul`: the SwiGLU gate `silu(gate) * up` of a fused gate/up projection (2 kernels) -> 1;
 - `add_rms_norm`: a residual add and the RMSNorm after it (2 kernels) -> 1, returning both;
+- `add_rms_norm_fp8`, `silu_mul_fp8`: the same with their output quantized per row to float8 for the float8 GEMM
+  after them (`--quantization fp8`; `rt/fp8_gemm.quantize_rows` is the launch they save);
 - `rope_write_kv`: an attention layer's q/k rope (and Qwen3's per-head q/k RMSNorm) and the K/V cache write at
   the tokens' slots (2 rope launches, 2 norms, `//`, `%` and 2 index_put kernels) -> 1; into a float8 cache
   the values are clamped to its finite range first, as `kv_write.to_cache` does.
@@ -35,6 +37,7 @@ except Exception:  # noqa: BLE001 - no Triton (CPU-only installs): the reference
     triton = None
 
 _BLOCK = 1024
+FP8 = torch.float8_e4m3fn
 MAX_SAMPLE_VOCAB = 8192  # the fused sampler sorts a row in one program (ids fit 13 bits of its sort key)
 
 
@@ -126,9 +129,33 @@ if triton is not None:
         y = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(out_ptr + i, y.to(out_ptr.dtype.element_ty), mask=mask)
 
+    @triton.jit
+    def store_fp8_row(y, dst, mask, scale_ptr):
+        """A row y [BLOCK] (float32, 0 where masked) stored as float8 e4m3 at `dst` (pointers) with one scale at
+        `scale_ptr`: its largest |y| / 448, at least 1e-12; the quotients saturated (IEEE divisions: the bits of
+        rt/fp8_gemm's torch reference)."""
+        scale = tl.maximum(tl.div_rn(tl.max(tl.abs(y), axis=0), 448.0), 1e-12)
+        q = tl.minimum(tl.maximum(tl.div_rn(y, scale), -448.0), 448.0)
+        tl.store(dst, q.to(dst.dtype.element_ty), mask=mask)
+        tl.store(scale_ptr, scale)
+
+    @triton.jit(do_not_specialize=["width"])
+    def _silu_mul_fp8_kernel(x_ptr, out_ptr, scale_ptr, width, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        """One row per program: silu(gate) * up rounded to the input's dtype (as `_silu_mul_kernel` stores it),
+        then quantized to float8 with the row's scale."""
+        pdl.enter(PDL)
+        row = tl.program_id(0).to(tl.int64)
+        col = tl.arange(0, BLOCK)
+        mask = col < width
+        gate = tl.load(x_ptr + row * (2 * width) + col, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * (2 * width) + width + col, mask=mask, other=0.0).to(tl.float32)
+        y = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
+        store_fp8_row(y, out_ptr + row * width + col, mask, scale_ptr + row)
+
     @triton.jit(do_not_specialize=["width", "eps"])
-    def _add_rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, sum_ptr, out_ptr, width, eps, BLOCK: tl.constexpr,
-                             PDL: tl.constexpr):
+    def _add_rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, sum_ptr, out_ptr, scale_ptr, width, eps,
+                             BLOCK: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
+        """`FP8`: the normed row, rounded to x's dtype, stored quantized to float8 (`store_fp8_row`)."""
         pdl.enter(PDL)
         row = tl.program_id(0).to(tl.int64)
         col = tl.arange(0, BLOCK)
@@ -140,7 +167,11 @@ if triton is not None:
         sf = s.to(tl.float32)
         inv = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / width + eps)
         w = tl.load(weight_ptr + col, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * width + col, (sf * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+        y = (sf * inv * w).to(sum_ptr.dtype.element_ty)
+        if FP8:
+            store_fp8_row(y.to(tl.float32), out_ptr + row * width + col, mask, scale_ptr + row)
+        else:
+            tl.store(out_ptr + row * width + col, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["heads", "stride_t", "stride_h", "table_stride"])
     def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, pos_ptr, heads, stride_t, stride_h, table_stride,
@@ -362,14 +393,41 @@ def silu_mul(gate_up: Tensor) -> Tensor:
 def add_rms_norm(x: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """(x + delta, RMSNorm(x + delta) * weight) for x, delta [T, D]: the sum rounded to x's dtype (as a residual
     stream is), the norm's math in float32 over that sum, the result in x's dtype; one program per row."""
+    total, out, _ = _add_rms_norm(x, delta, weight, eps, fp8=False)
+    return total, out
+
+
+def add_rms_norm_fp8(x: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(x + delta, q, scale) for x, delta [T, D]: `add_rms_norm`'s normed rows quantized per row as
+    `fp8_gemm.quantize_rows` does (float8 e4m3 [T, D], float32 scales [T, 1]), in the same launch."""
+    return _add_rms_norm(x, delta, weight, eps, fp8=True)
+
+
+def _add_rms_norm(x: Tensor, delta: Tensor, weight: Tensor, eps: float, fp8: bool) -> tuple[Tensor, Tensor, Tensor]:
     x, delta = x.contiguous(), delta.contiguous()  # any leading dimensions: rows of the last one
     width = x.shape[-1]
     tokens = x.numel() // width if width else 0
-    total, out = torch.empty_like(x), torch.empty_like(x)
+    total = torch.empty_like(x)
+    out = torch.empty(x.shape, dtype=FP8 if fp8 else x.dtype, device=x.device)
+    scale = torch.empty(tokens if fp8 else 0, 1, dtype=torch.float32, device=x.device)
     if tokens:
-        _add_rms_norm_kernel[(tokens,)](x, delta, weight.contiguous(), total, out, width, eps,
-                                        BLOCK=triton.next_power_of_2(width), **pdl.launch_options(x))
-    return total, out
+        _add_rms_norm_kernel[(tokens,)](x, delta, weight.contiguous(), total, out, scale, width, eps,
+                                        BLOCK=triton.next_power_of_2(width), FP8=fp8, **pdl.launch_options(x))
+    return total, out, scale
+
+
+def silu_mul_fp8(gate_up: Tensor) -> tuple[Tensor, Tensor]:
+    """gate_up [T, 2I] -> `silu_mul(gate_up)` quantized per row as `fp8_gemm.quantize_rows` does: (float8 e4m3
+    [T, I], float32 scales [T, 1]), one program per row."""
+    gate_up = gate_up.contiguous()
+    rows, width = gate_up.shape[0], gate_up.shape[-1] // 2
+    out = torch.empty(rows, width, dtype=FP8, device=gate_up.device)
+    scale = torch.empty(rows, 1, dtype=torch.float32, device=gate_up.device)
+    if rows:
+        block = triton.next_power_of_2(width)
+        _silu_mul_fp8_kernel[(rows,)](gate_up, out, scale, width, BLOCK=block, num_warps=8 if block >= 4096 else 4,
+                                      **pdl.launch_options(gate_up))
+    return out, scale
 
 
 def sample(logits: Tensor, allowed: Tensor | None, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor,
