@@ -98,7 +98,6 @@ class Case:
     wide: torch.Tensor
     kv_lens: torch.Tensor
     q: torch.Tensor
-    hnd: list[torch.Tensor] | None = None  # `own` stored heads-first ([P, 2, Hkv, page, D]), made on first use
 
     @classmethod
     def make(cls, geometry: str, rows: int, kv_len: int, table_tokens: int = 0, fp8: bool = False) -> Case:
@@ -114,12 +113,6 @@ class Case:
                    kv_lens=torch.full((rows,), kv_len, dtype=torch.int32, device=dev),
                    q=torch.randn(rows, hq, DIM, device=dev, dtype=torch.bfloat16))
 
-    def heads_first(self) -> list[torch.Tensor]:
-        """The caches the Triton kernel reads, stored HND: each (page, KV head) contiguous."""
-        if self.hnd is None:
-            self.hnd = [c.permute(0, 1, 3, 2, 4).contiguous() for c in self.own]
-        return self.hnd
-
     def read_us(self) -> tuple[float, torch.Tensor]:
         """The read floor: microseconds per launch of a reduction over one layer's cache (the bytes the kernel
         reads), and a placeholder output (not compared)."""
@@ -127,9 +120,8 @@ class Case:
         layer = itertools.count()
         return graph_us(lambda: self.own[next(layer) % layers].view(torch.float32).sum(), layers), None
 
-    def triton(self, config: DecodeConfig, per_sm: int, hnd: bool = False) -> tuple[float, torch.Tensor]:
-        """The Triton kernel's microseconds per launch under `config` (over the heads-first caches with `hnd`),
-        and its output on layer 0."""
+    def triton(self, config: DecodeConfig, per_sm: int) -> tuple[float, torch.Tensor]:
+        """The Triton kernel's microseconds per launch under `config`, and its output on layer 0."""
         layers, hq, hkv = GEOMETRIES[self.geometry]
         sms = torch.cuda.get_device_properties(self.q.device).multi_processor_count
         ws = DecodeWorkspace.allocate(self.rows, hkv, hq // hkv, DIM, splits_for(self.rows, hkv, sms, per_sm),
@@ -137,11 +129,10 @@ class Case:
         layer = itertools.count()  # each call takes the next layer's cache
 
         def call(cache: torch.Tensor) -> torch.Tensor:
-            return decode_attention(self.q, cache, self.wide, self.kv_lens, DIM ** -0.5, ws, config, hnd)
+            return decode_attention(self.q, cache, self.wide, self.kv_lens, DIM ** -0.5, ws, config)
 
-        caches = self.heads_first() if hnd else self.own
-        us = graph_us(lambda: call(caches[next(layer) % layers]), layers)
-        return us, call(caches[0])
+        us = graph_us(lambda: call(self.own[next(layer) % layers]), layers)
+        return us, call(self.own[0])
 
     def flashinfer(self, tensor_cores: bool) -> tuple[float, torch.Tensor]:
         """FlashInfer's graph-mode decode over the caches the Triton kernel reads (float8 ones too): microseconds
@@ -224,8 +215,7 @@ def sweep(args: argparse.Namespace, configs: list[DecodeConfig]) -> None:
     slowdown = [0.0] * len(configs)  # sum of log(time / the case's best Triton time)
     for geometry, kv_len, rows in shapes(args):
         c = Case.make(geometry, rows, kv_len, args.table_tokens, args.kv_dtype == "fp8")
-        runs = [(config.name + (" hnd" if hnd else ""), functools.partial(c.triton, config, args.programs_per_sm, hnd))
-                for hnd in args.layouts for config in configs]
+        runs = [(config.name, functools.partial(c.triton, config, args.programs_per_sm)) for config in configs]
         runs += [(f"flashinfer (tensor cores {tc})", functools.partial(c.flashinfer, tc))
                  for tc in ((False, True) if args.flashinfer else ())]
         times, first = [], None
@@ -237,13 +227,12 @@ def sweep(args: argparse.Namespace, configs: list[DecodeConfig]) -> None:
         cells = " ".join(f"{t:7.2f}{'*' if i == best else ' '}" for i, t in enumerate(times))
         floor = f" | read {c.read_us()[0]:7.2f}" if args.read_floor else ""
         print(f"{geometry:8s} {args.kv_dtype:8s} kv {kv_len:5d} rows {rows:3d}: {cells}{floor}", flush=True)
-        own = ranked[: len(configs) * len(args.layouts)]
-        fastest = min(own)
-        for i, t in enumerate(own):
-            slowdown[i % len(configs)] += math.log(t / fastest) if t < math.inf else math.inf
+        fastest = min(ranked[: len(configs)])
+        for i, t in enumerate(ranked[: len(configs)]):
+            slowdown[i] += math.log(t / fastest) if t < math.inf else math.inf
         del c
         torch.cuda.empty_cache()
-    print(f"best {configs[slowdown.index(min(slowdown))].name} (over every layout asked for)")
+    print(f"best {configs[slowdown.index(min(slowdown))].name}")
 
 
 def main() -> None:
@@ -265,15 +254,12 @@ def main() -> None:
                              "(BLOCK_N/WARPS/STAGES, /h: head-major programs)")
     parser.add_argument("--flashinfer", action="store_true",
                         help="with --configs: FlashInfer's CUDA-core and tensor-core decode too, over the same caches")
-    parser.add_argument("--layouts", type=lambda text: [{"nhd": False, "hnd": True}[t] for t in text.split(",")],
-                        default=[False], help="with --configs: the cache layouts the Triton kernel reads, nhd "
-                        "([P, 2, page, Hkv, D], the served one) and/or hnd ([P, 2, Hkv, page, D])")
     parser.add_argument("--read-floor", action="store_true",
                         help="with --configs: the time of one reduction over a layer's cache too (its bytes' floor)")
     args = parser.parse_args()
     if args.configs:
-        names = [c.name + (" hnd" if hnd else "") for hnd in args.layouts for c in args.configs]
-        print("configs: " + " ".join(names) + (" flashinfer flashinfer_tc" if args.flashinfer else ""))
+        print("configs: " + " ".join(c.name for c in args.configs) + (" flashinfer flashinfer_tc" if args.flashinfer
+                                                                        else ""))
         sweep(args, args.configs)
         return
     config = DecodeConfig(block_n=args.block_n, warps=args.warps, stages=args.stages)

@@ -191,16 +191,12 @@ def group_pad(group: int, config: DecodeConfig) -> int:
 
 
 def decode_attention(q: Tensor, cache: Tensor, page_table: Tensor, kv_lens: Tensor, scale: float,
-                     workspace: DecodeWorkspace, config: DecodeConfig | None = None, heads_first: bool = False
-                     ) -> Tensor:
+                     workspace: DecodeWorkspace, config: DecodeConfig | None = None) -> Tensor:
     """See the module docstring. `workspace` was allocated for at least q's rows and this geometry; `config`
-    defaults to config_for(rows, cache dtype); `heads_first`: the cache is [P, 2, Hkv, page, D] (HND) instead."""
+    defaults to config_for(rows, cache dtype)."""
     config = config or config_for(q.shape[0], cache.dtype)
     rows, num_q_heads, head_dim = q.shape
-    if heads_first:
-        _, two, num_kv_heads, page_size, cache_dim = cache.shape
-    else:
-        _, two, page_size, num_kv_heads, cache_dim = cache.shape
+    _, two, page_size, num_kv_heads, cache_dim = cache.shape
     group = num_q_heads // num_kv_heads
     gp = group_pad(group, config)
     if two != 2 or cache_dim != head_dim or group * num_kv_heads != num_q_heads:
@@ -218,7 +214,7 @@ def decode_attention(q: Tensor, cache: Tensor, page_table: Tensor, kv_lens: Tens
         q, cache, page_table, kv_lens, out, workspace.partial_out, workspace.partial_ml, workspace.counters,
         scale, q.stride(0), q.stride(1), page_table.stride(0), out.stride(0), out.stride(1),
         HKV=num_kv_heads, G=group, G_PAD=gp, D=head_dim, PAGE=page_size, SPLITS=workspace.splits,
-        BLOCK_N=config.block_n, DOT=config.dot, HEAD_MAJOR=config.head_major, HND=heads_first,
+        BLOCK_N=config.block_n, DOT=config.dot, HEAD_MAJOR=config.head_major,
         F16=config.f16 and cache.dtype.itemsize == 1 and q.dtype.itemsize == 2, num_warps=config.warps,
         num_stages=config.stages)
     return out
@@ -267,8 +263,7 @@ if triton is not None:
     def _decode_kernel(q_ptr, cache_ptr, pt_ptr, kv_lens_ptr, out_ptr, po_ptr, pml_ptr, counter_ptr, scale,
                        stride_qr, stride_qh, stride_pt, stride_or, stride_oh, HKV: tl.constexpr, G: tl.constexpr,
                        G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, SPLITS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, DOT: tl.constexpr, HEAD_MAJOR: tl.constexpr, HND: tl.constexpr,
-                       F16: tl.constexpr):
+                       BLOCK_N: tl.constexpr, DOT: tl.constexpr, HEAD_MAJOR: tl.constexpr, F16: tl.constexpr):
         if HEAD_MAJOR:
             h = tl.program_id(0)
             row = tl.program_id(1)
@@ -297,10 +292,7 @@ if triton is not None:
             t = b * BLOCK_N + rn
             live = t < kv_len
             page = tl.load(pt_ptr + row * stride_pt + t // PAGE, mask=live, other=0).to(tl.int64)
-            if HND:
-                tok = page * (2 * PAGE * HKV * D) + (h * PAGE + t % PAGE) * D
-            else:
-                tok = page * (2 * PAGE * HKV * D) + ((t % PAGE) * HKV + h) * D
+            tok = page * (2 * PAGE * HKV * D) + ((t % PAGE) * HKV + h) * D
             # in q's dtype as they load: the cache may be stored narrower (float8)
             k = tl.load(cache_ptr + tok[:, None] + rd[None, :], mask=live[:, None], other=0.0).to(q.dtype)
             v = tl.load(cache_ptr + PAGE * HKV * D + tok[:, None] + rd[None, :], mask=live[:, None],
