@@ -255,25 +255,15 @@ if triton is not None:
         return a.to(tl.float32)
 
     @triton.jit
-    def _times_w(acc, a, w, dtype: tl.constexpr, DOT: tl.constexpr, SCALED: tl.constexpr):
+    def _times_w(acc, a, w, dtype: tl.constexpr, DOT: tl.constexpr):
         """acc + a [BLOCK_M, BLOCK_K] @ w [BLOCK_N, BLOCK_K].T: on the tensor cores in the activations' `dtype`
         (acc [BLOCK_M, BLOCK_N]; a float8 weight converted to it), or as FMAs into acc [BLOCK_M, BLOCK_N, BLOCK_K],
         reduced over K once after the loop."""
-        if SCALED:
-            w = _fp8_bits_widened(w)
         if DOT:
             out = acc + tl.dot(a.to(dtype), tl.trans(w.to(dtype)))
         else:
             out = acc + a[:, None, :] * w.to(tl.float32)[None, :, :]
         return out
-
-    @triton.jit
-    def _fp8_bits_widened(w):
-        """Float8 e4m3 values as float32 times 2**-120 (FP8_WIDEN): each byte's sign, exponent and mantissa moved
-        into a float32's (e4m3's bias is 7, float32's 127), three integer operations and no conversion; exact for
-        every finite e4m3 value, subnormals and zeros included (float32 subnormals then)."""
-        b = w.to(tl.uint8, bitcast=True).to(tl.int32) << 24
-        return ((b >> 4) & -2014314496).to(tl.float32, bitcast=True)  # 0x87F00000: the sign, 4 + 3 bits
 
     @triton.jit
     def _k_step(k0, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, rm, m_mask, write_rows, rn, n_mask, acc, acc_up, squares, N,
@@ -294,9 +284,9 @@ if triton is not None:
                 tl.store(sum_ptr + rm[:, None] * K + rk[None, :], a.to(sum_ptr.dtype.element_ty),
                          mask=write_rows[:, None] & k_mask[None, :])
             a = a * tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        acc = _times_w(acc, a, w, x_ptr.dtype.element_ty, DOT, w_ptr.dtype.element_ty.is_fp8())
+        acc = _times_w(acc, a, w, x_ptr.dtype.element_ty, DOT)
         if GATED:
-            acc_up = _times_w(acc_up, a, w_up, x_ptr.dtype.element_ty, DOT, w_ptr.dtype.element_ty.is_fp8())
+            acc_up = _times_w(acc_up, a, w_up, x_ptr.dtype.element_ty, DOT)
         return acc, acc_up, squares
 
     # One column block: one pass over K reading the block's weight rows (and, GATED, the up half's rows at n + the
@@ -333,10 +323,10 @@ if triton is not None:
         if not DOT:
             acc = tl.sum(acc, axis=2)
             acc_up = tl.sum(acc_up, axis=2)
-        if SCALED:  # a float8 weight's per-row scales (the up half's rows at n + N), and 2**120 (its widening)
-            acc = acc * 1.329227995784916e36 * tl.load(s_ptr + rn, mask=n_mask, other=0.0)[None, :]
+        if SCALED:  # a float8 weight's per-row scales (the up half's rows at n + N)
+            acc = acc * tl.load(s_ptr + rn, mask=n_mask, other=0.0)[None, :]
             if GATED:
-                acc_up = acc_up * 1.329227995784916e36 * tl.load(s_ptr + rn + N, mask=n_mask, other=0.0)[None, :]
+                acc_up = acc_up * tl.load(s_ptr + rn + N, mask=n_mask, other=0.0)[None, :]
         if NORM:
             inv = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
             acc = acc * inv[:, None]
