@@ -182,9 +182,9 @@ def test_config_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert dk.config_for(256, torch.float8_e4m3fn) == dk.DecodeConfig(block_n=128, warps=8, stages=3,
                                                                       head_major=True)
     assert dk.config_for(1, torch.bfloat16).name == "128/8/3/h"  # what parse reads back
-    assert dk.DecodeConfig.parse("64/4/2/h/q") == dk.DecodeConfig(block_n=64, warps=4, stages=2, head_major=True,
-                                                                   f16=False)
-    assert dk.DecodeConfig.parse("64/4/2/q").name == "64/4/2/q"
+    assert dk.DecodeConfig.parse("64/4/2/h/f") == dk.DecodeConfig(block_n=64, warps=4, stages=2, head_major=True,
+                                                                   f16=True)
+    assert dk.DecodeConfig.parse("64/4/2/f").name == "64/4/2/f"
     for bad in ("128/8", "64/4/3/x", "0/4/3", "a/b/c", "64/4/3/h/h"):
         with pytest.raises(ValueError, match="BLOCK_N/WARPS/STAGES"):
             dk.DecodeConfig.parse(bad)

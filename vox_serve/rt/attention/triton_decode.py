@@ -19,11 +19,13 @@ have KV length 1: the null page).
 `decode_attention(q [T, Hq, D], cache [P, 2, page, Hkv, D], page_table [T, C] int32, kv_lens [T] int32, ...)`
 -> [T, Hq, D] in q's dtype; q's row t attends to its row's first kv_lens[t] tokens (its own already written).
 K and V are converted to q's dtype as they load, so the cache may be stored narrower (float8, the `triton`
-backend's `--kv-cache-dtype fp8`). A float8 cache under a 16-bit q is converted to float16 instead (`F16`;
-`DecodeConfig.f16`): one instruction per pair of values on sm_89+ (F2FP), where reaching bfloat16 also takes a
-float32 step per value (F2F). q is multiplied by the softmax scale before its own conversion to float16, so no
-score can overflow it. Compiled for sm_90 (nvdisasm), a 128-token block's program drops from 1992 to 1616
-instructions (its 256 F2F gone).
+backend's `--kv-cache-dtype fp8`). With `DecodeConfig.f16` ("/f" in a configuration's name) a float8 cache under
+a 16-bit q is converted to float16 instead (`F16`): one instruction per pair of values on sm_89+ (F2FP), where
+reaching bfloat16 also takes a float32 step per value (F2F). q is multiplied by the softmax scale before its own
+conversion to float16, so no score can overflow it. Compiled for sm_90 (nvdisasm), a 128-token block's program
+drops from 1992 to 1616 instructions (its 256 F2F gone). Not measured on a GPU yet, so off by default: the float8
+cache runs at ~2.1 TB/s at 256 rows where the bfloat16 one reaches 2.9 (benchmark/results/h100-2026-12-07e), and
+`benchmark/decode_attention.py --kv-dtype fp8 --configs 128/4/2,128/4/2/f` is the A/B to run.
 
 Measured on an H200 (benchmark/results/h200-2026-12-03d/decode_attention.txt; `benchmark/decode_attention.py`),
 microseconds per layer launch in a CUDA graph against FlashInfer's graph-mode decode: Orpheus-3B's geometry at 1
@@ -82,26 +84,26 @@ class DecodeConfig:
     stages: int = 2
     dot: bool = True
     head_major: bool = False
-    f16: bool = True  # a float8 cache's K and V converted to float16 for a 16-bit q (one instruction per pair),
+    f16: bool = False  # a float8 cache's K and V converted to float16 for a 16-bit q (one instruction per pair),
     # else to q's dtype
 
     @property
     def name(self) -> str:
-        """"BLOCK_N/WARPS/STAGES[/h][/q]", what `parse` reads."""
-        flags = ("/h" if self.head_major else "") + ("" if self.f16 else "/q")
+        """"BLOCK_N/WARPS/STAGES[/h][/f]", what `parse` reads."""
+        flags = ("/h" if self.head_major else "") + ("/f" if self.f16 else "")
         return f"{self.block_n}/{self.warps}/{self.stages}{flags}"
 
     @classmethod
     def parse(cls, text: str) -> DecodeConfig:
-        """"BLOCK_N/WARPS/STAGES", then "/h" for head-major programs and "/q" for a float8 cache converted to q's
-        dtype rather than float16: "64/4/3/h"."""
+        """"BLOCK_N/WARPS/STAGES", then "/h" for head-major programs and "/f" for a float8 cache converted to
+        float16 rather than q's dtype: "64/4/3/h"."""
         parts = text.strip().split("/")
         flags = parts[3:]
-        if len(parts) < 3 or len(flags) != len(set(flags)) or not set(flags) <= {"h", "q"} or not all(
+        if len(parts) < 3 or len(flags) != len(set(flags)) or not set(flags) <= {"h", "f"} or not all(
                 p.isdigit() and int(p) > 0 for p in parts[:3]):
-            raise ValueError(f"decode config {text!r}: use BLOCK_N/WARPS/STAGES[/h][/q], e.g. 64/4/3")
+            raise ValueError(f"decode config {text!r}: use BLOCK_N/WARPS/STAGES[/h][/f], e.g. 64/4/3")
         return cls(block_n=int(parts[0]), warps=int(parts[1]), stages=int(parts[2]), head_major="h" in flags,
-                   f16="q" not in flags)
+                   f16="f" in flags)
 
 
 DEFAULT_CONFIG = DecodeConfig()
