@@ -11,8 +11,8 @@ output channel, so a decode step at a few rows reads half the bytes it reads in 
 - `scaled_mm(xq, x_scale, wq, scale)`: that GEMM over rows quantized already: the decoder layer has the kernel
   before a projection store its rows in float8 (`triton_ops.add_rms_norm_fp8` before q/k/v and gate/up,
   `silu_mul_fp8` before down: `layers/decoder.norm_project`, `gated_project`), so only the o projection's input
-  takes a `quantize_rows` launch of its own (before: 4 per layer, 0.47 ms of Orpheus' 8.8 ms step at 256 rows on
-  an H100);
+  (and a stack's first q/k/v input, which no add precedes) takes a `quantize_rows` launch of its own (before: 4
+  per layer, 0.47 ms of Orpheus' 8.8 ms step at 256 rows on an H100; the fused form is not timed yet);
 - `linear(x, wq, scale)`: the float8 GEMM on a GPU, the reference on a CPU (`Fp8Linear.forward`; the decoder layer
   tries rt/small_gemm's kernels first, `layers/decoder.project`).
 
