@@ -113,12 +113,12 @@ class Case:
                    kv_lens=torch.full((rows,), kv_len, dtype=torch.int32, device=dev),
                    q=torch.randn(rows, hq, DIM, device=dev, dtype=torch.bfloat16))
 
-    def read_us(self) -> tuple[float, torch.Tensor]:
+    def read_us(self) -> float:
         """The read floor: microseconds per launch of a reduction over one layer's cache (the bytes the kernel
-        reads), and a placeholder output (not compared)."""
+        reads)."""
         layers = GEOMETRIES[self.geometry][0]
         layer = itertools.count()
-        return graph_us(lambda: self.own[next(layer) % layers].view(torch.float32).sum(), layers), None
+        return graph_us(lambda: self.own[next(layer) % layers].view(torch.float32).sum(), layers)
 
     def triton(self, config: DecodeConfig, per_sm: int) -> tuple[float, torch.Tensor]:
         """The Triton kernel's microseconds per launch under `config`, and its output on layer 0."""
@@ -225,7 +225,7 @@ def sweep(args: argparse.Namespace, configs: list[DecodeConfig]) -> None:
         ranked = [t if t == t else math.inf for t in times]  # failures last
         best = ranked.index(min(ranked))
         cells = " ".join(f"{t:7.2f}{'*' if i == best else ' '}" for i, t in enumerate(times))
-        floor = f" | read {c.read_us()[0]:7.2f}" if args.read_floor else ""
+        floor = f" | read {c.read_us():7.2f}" if args.read_floor else ""
         print(f"{geometry:8s} {args.kv_dtype:8s} kv {kv_len:5d} rows {rows:3d}: {cells}{floor}", flush=True)
         fastest = min(ranked[: len(configs)])
         for i, t in enumerate(ranked[: len(configs)]):

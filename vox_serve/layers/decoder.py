@@ -157,8 +157,8 @@ def gated_project(linear: nn.Module, gate_up: Tensor) -> Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return project(linear, F.silu(gate) * up)
     scale = weight_scale(linear)
-    if float8_gemm(linear, gate_up) and not small_gemm.serves(gate_up[:, : gate_up.shape[1] // 2], linear.weight,
-                                                              scale=scale):
+    gated = gate_up[:, : linear.weight.shape[1]]  # shaped as the gate's output: what the table lookup reads
+    if float8_gemm(linear, gate_up) and not small_gemm.serves(gated, linear.weight, scale=scale):
         hq, h_scale = triton_ops.silu_mul_fp8(gate_up)
         return fp8_gemm.scaled_mm(hq, h_scale, linear.weight, scale, linear.bias, gate_up.dtype)
     return project(linear, triton_ops.silu_mul(gate_up))

@@ -35,7 +35,7 @@ try:
 except Exception:  # noqa: BLE001 - no Triton: the rows are quantized with torch ops
     triton = None
 
-FP8 = torch.float8_e4m3fn
+FP8 = triton_ops.FP8
 FP8_MAX = 448.0  # e4m3's largest finite value
 MIN_SCALE = 1e-12  # an all-zero row keeps a positive scale (its values quantize to 0)
 MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada and Hopper on

@@ -61,7 +61,7 @@ except Exception:  # noqa: BLE001 - no Triton: the unfused ops run
     triton = None
 
 MAX_ROWS = 16
-FP8 = torch.float8_e4m3fn  # a float8 weight (rt/fp8_gemm), with a scale per output row
+FP8 = triton_ops.FP8  # a float8 weight (rt/fp8_gemm), with a scale per output row
 TABLES_DIR = Path(__file__).resolve().parent / "small_gemm_tables"
 
 

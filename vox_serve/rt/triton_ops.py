@@ -37,7 +37,7 @@ except Exception:  # noqa: BLE001 - no Triton (CPU-only installs): the reference
     triton = None
 
 _BLOCK = 1024
-FP8 = torch.float8_e4m3fn
+FP8 = torch.float8_e4m3fn  # float8 e4m3: the one float8 format (KV cache, weights, GEMM rows)
 MAX_SAMPLE_VOCAB = 8192  # the fused sampler sorts a row in one program (ids fit 13 bits of its sort key)
 
 
@@ -403,15 +403,17 @@ def add_rms_norm_fp8(x: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tu
     return _add_rms_norm(x, delta, weight, eps, fp8=True)
 
 
-def _add_rms_norm(x: Tensor, delta: Tensor, weight: Tensor, eps: float, fp8: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _add_rms_norm(x: Tensor, delta: Tensor, weight: Tensor, eps: float, fp8: bool
+                  ) -> tuple[Tensor, Tensor, Tensor | None]:
     x, delta = x.contiguous(), delta.contiguous()  # any leading dimensions: rows of the last one
     width = x.shape[-1]
     tokens = x.numel() // width if width else 0
     total = torch.empty_like(x)
     out = torch.empty(x.shape, dtype=FP8 if fp8 else x.dtype, device=x.device)
-    scale = torch.empty(tokens if fp8 else 0, 1, dtype=torch.float32, device=x.device)
-    if tokens:
-        _add_rms_norm_kernel[(tokens,)](x, delta, weight.contiguous(), total, out, scale, width, eps,
+    scale = torch.empty(tokens, 1, dtype=torch.float32, device=x.device) if fp8 else None
+    if tokens:  # without FP8 the kernel never touches scale_ptr: `total` stands in
+        _add_rms_norm_kernel[(tokens,)](x, delta, weight.contiguous(), total, out, total if scale is None else scale,
+                                        width, eps,
                                         BLOCK=triton.next_power_of_2(width), FP8=fp8, **pdl.launch_options(x))
     return total, out, scale
 

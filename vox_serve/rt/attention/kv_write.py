@@ -23,7 +23,7 @@ from torch import Tensor
 from vox_serve.config import KV_CACHE_DTYPES
 from vox_serve.rt import triton_ops
 
-FP8 = torch.float8_e4m3fn
+FP8 = triton_ops.FP8
 FP8_MAX = 448.0
 
 
