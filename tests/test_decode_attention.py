@@ -178,6 +178,7 @@ def test_config_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert dk.config_for(65, torch.bfloat16) == dk.config_for(256, torch.float16) == dk.WIDE_LARGE  # measured
     assert dk.config_for(64, torch.float8_e4m3fn) == dk.FP8_SMALL and dk.config_for(256, torch.float8_e4m3fn) == \
         dk.FP8_LARGE
+    assert dk.FP8_LARGE.name == "128/4/2/f" and dk.FP8_SMALL.name == "64/4/2"  # measured (h100-2026-12-07f)
     monkeypatch.setenv(dk.CONFIG_ENV, "128/8/3/h")
     assert dk.config_for(256, torch.float8_e4m3fn) == dk.DecodeConfig(block_n=128, warps=8, stages=3,
                                                                       head_major=True)

@@ -103,7 +103,7 @@ def check_decode_fp8(device: str = "cpu") -> None:
         # a bfloat16 q: the cache read as float16 ("/f") or as bfloat16 (the default); the interpreter's
         # bfloat16 tl.dot is wrong, so the bfloat16 route runs on FMAs
         for config in (dk.DecodeConfig(block_n=8, dot=False, f16=True), dk.DecodeConfig(block_n=32, f16=True),
-                       dk.DecodeConfig(block_n=8, dot=False)):
+                       dk.FP8_LARGE, dk.DecodeConfig(block_n=8, dot=False)):
             ws = dk.DecodeWorkspace.allocate(rows, hkv, hq // hkv, d, 4, torch.device(device))
             got = dk.decode_attention(q.bfloat16(), cache, table, kv_lens, 0.25, ws, config).cpu()
             assert got.dtype == torch.bfloat16 and (got.float() - ref).abs().max().item() < 2e-2, (i, config)

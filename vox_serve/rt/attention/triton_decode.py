@@ -23,9 +23,11 @@ backend's `--kv-cache-dtype fp8`). With `DecodeConfig.f16` ("/f" in a configurat
 a 16-bit q is converted to float16 instead (`F16`): one instruction per pair of values on sm_89+ (F2FP), where
 reaching bfloat16 also takes a float32 step per value (F2F). q is multiplied by the softmax scale before its own
 conversion to float16, so no score can overflow it. Compiled for sm_90 (nvdisasm), a 128-token block's program
-drops from 1992 to 1616 instructions (its 256 F2F gone). Not measured on a GPU yet, so off by default: the float8
-cache runs at ~2.1 TB/s at 256 rows where the bfloat16 one reaches 2.9 (benchmark/results/h100-2026-12-07e), and
-`benchmark/decode_attention.py --kv-dtype fp8 --configs 128/4/2,128/4/2/f` is the A/B to run.
+drops from 1992 to 1616 instructions (its 256 F2F gone). On an H100 (benchmark/results/h100-2026-12-07f), Orpheus'
+geometry, us per layer launch with 128-token blocks: 256 rows x 512 tokens 126.5 -> 121.9 (one read of the layer's
+cache: 92.8), 256 x 1024 239.0 -> 227.4, 64 x 512 38.8 -> 35.5; the captured 256-row step 7.386 -> 7.132 ms. So
+the large-batch float8 configuration (FP8_LARGE) takes it; with 64-token blocks it lost (64 x 512: 37.4 -> 48.9),
+so FP8_SMALL does not.
 
 Measured on an H200 (benchmark/results/h200-2026-12-03d/decode_attention.txt; `benchmark/decode_attention.py`),
 microseconds per layer launch in a CUDA graph against FlashInfer's graph-mode decode: Orpheus-3B's geometry at 1
@@ -123,7 +125,7 @@ def _forced_config(value: str) -> DecodeConfig | None:
 # Orpheus' captured step at 64 rows, though, the bfloat16 kernel took 1.523 ms with 128-token blocks against
 # 1.400 with the default (another H100, benchmark/results/h100-2026-12-07b), so they start above 64 rows.
 LARGE_ROWS = 64  # above this bucket the large-batch configurations
-FP8_LARGE = DecodeConfig(block_n=128, warps=4, stages=2)
+FP8_LARGE = DecodeConfig(block_n=128, warps=4, stages=2, f16=True)  # float16 conversion: h100-2026-12-07f
 FP8_SMALL = DecodeConfig(block_n=64, warps=4, stages=2)
 WIDE_LARGE = DecodeConfig(block_n=128, warps=4, stages=3)
 
