@@ -14,6 +14,7 @@ from triton_checks.check_ops import (
     check_orpheus_step,
     check_quantize_rows,
     check_quantized_inputs,
+    check_scaled_mm,
     check_small_gemm,
 )
 
@@ -220,6 +221,12 @@ def test_rows_quantize_to_float8_exactly_as_the_torch_ops_do() -> None:
 
 def test_norm_and_gate_quantize_their_rows_as_the_unfused_kernels_do() -> None:
     check_quantized_inputs("cuda")
+
+
+def test_the_triton_float8_gemm_multiplies_the_dequantized_operands() -> None:
+    """rt/fp8_gemm's Triton GEMM at several tiles (and cuBLASLt's) against the product of its two dequantized
+    operands, as the interpreter check does."""
+    check_scaled_mm("cuda")
 
 
 @pytest.mark.parametrize("rows", [1, 4, 16, 17, 256])

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 @pytest.mark.parametrize("check", ["hash", "snake", "rope", "silu_mul", "add_rms_norm", "depthwise", "pointwise",
                                    "conv_gemm", "folded_conv", "transpose_gemm", "conv_to_one", "codecs", "sample",
                                    "rope_write_kv", "depth_attention", "decoder_stack", "depth_step", "small_gemm",
-                                   "small_gemm_fp8", "quantize_rows", "quantized_inputs",
+                                   "small_gemm_fp8", "quantize_rows", "quantized_inputs", "scaled_mm",
                                    "decode_rows", "commit_rows", "orpheus_step"])
 def test_fused_kernel_equals_reference(check: str) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}

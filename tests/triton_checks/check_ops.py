@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from vox_serve.layers.rope import RotaryEmbedding
 from vox_serve.rt import codec_kernels, fp8_gemm, implicit_gemm, kernels, small_gemm, triton_ops
+from vox_serve.rt.fp8_gemm import GemmConfig
 
 
 def check_hash() -> None:
@@ -437,6 +438,39 @@ def check_quantized_inputs(device: str = "cpu") -> None:
                 gate_up = (torch.randn(m, 2 * k, generator=gen) * 4).to(dtype).to(device)
                 got = triton_ops.silu_mul_fp8(gate_up)
                 _same_quantized(got, fp8_gemm.quantize_rows(triton_ops.silu_mul(gate_up)), (dtype, m, k, "gate"))
+    finally:
+        fp8_gemm.interpret = False
+
+
+def check_scaled_mm(device: str = "cpu") -> None:
+    """rt/fp8_gemm's Triton float8 GEMM (a forced configuration) against the product of its two dequantized
+    operands in float32, rounded to bfloat16: rows and columns past a tile's end, K not a multiple of the K block,
+    a bias. cuBLASLt's GEMM is held to the same bound where the device runs it."""
+    gen = torch.Generator().manual_seed(17)
+    cases = ((37, 48, 96, GemmConfig(16, 16, 32)), (5, 80, 160, GemmConfig(16, 32, 64, stages=2)))
+    if device == "cuda":
+        cases += ((200, 3072, 3072, GemmConfig(64, 128, 128)), (256, 5120, 3072, GemmConfig(128, 64, 256, warps=8)),
+                  (17, 2064, 8192, GemmConfig(64, 64, 128, stages=5)), (256, 3072, 8192 - 64, GemmConfig(64, 128, 256)))
+    fp8_gemm.interpret = device == "cpu"
+    try:
+        for i, (m, n, k, config) in enumerate(cases):
+            x = (torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen)).bfloat16().to(device)
+            wq, scale = fp8_gemm.quantize_weight(torch.randn(n, k, generator=gen).to(device) / 20)
+            bias = torch.randn(n, generator=gen).bfloat16().to(device) if i % 2 else None
+            xq, x_scale = fp8_gemm.quantize_rows(x)
+            want = (xq.float() * x_scale) @ fp8_gemm.dequantize_weight(wq, scale, torch.float32).T
+            want = want + bias.float() if bias is not None else want
+            fp8_gemm.forced = lambda m_, n_, k_, c=config: c
+            try:
+                got = fp8_gemm.scaled_mm(xq, x_scale, wq, scale, bias, torch.bfloat16)
+            finally:
+                fp8_gemm.forced = None
+            row_size = want.abs().amax(dim=1, keepdim=True)
+            assert got.dtype == torch.bfloat16 and got.shape == (m, n), (i, got.dtype, got.shape)
+            assert bool(((got.float() - want).abs() <= 1e-2 * row_size).all()), (i, config)
+            if device == "cuda":
+                ref = fp8_gemm.scaled_mm(xq, x_scale, wq, scale, bias, torch.bfloat16)  # cuBLASLt's
+                assert bool(((ref.float() - want).abs() <= 1e-2 * row_size).all()), i
     finally:
         fp8_gemm.interpret = False
 

@@ -24,10 +24,17 @@ of an element, averaging out over K).
 
 from __future__ import annotations
 
+import functools
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 from torch import Tensor
 
-from vox_serve.rt import triton_ops
+from vox_serve.rt import small_gemm, triton_ops
 
 try:
     import triton
@@ -39,7 +46,33 @@ FP8 = triton_ops.FP8
 FP8_MAX = 448.0  # e4m3's largest finite value
 MIN_SCALE = 1e-12  # an all-zero row keeps a positive scale (its values quantize to 0)
 MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada and Hopper on
-interpret = False  # tests: `quantize_rows`' Triton kernel on CPU tensors too (TRITON_INTERPRET=1)
+interpret = False  # tests: the Triton kernels (`quantize_rows`, `scaled_mm`) on CPU tensors too (TRITON_INTERPRET=1)
+TABLES_DIR = Path(__file__).resolve().parent / "fp8_gemm_tables"
+TABLE_ENV = "VOX_FP8_GEMM_TABLE"  # a table to use instead of the GPU model's packaged one
+ENV = "VOX_FP8_GEMM"  # "0": cuBLASLt for every shape
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """The Triton float8 GEMM's tile (rows, columns, K), warps and pipeline stages."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int = 4
+    stages: int = 4
+
+    def as_list(self) -> list[int]:
+        return [self.block_m, self.block_n, self.block_k, self.warps, self.stages]
+
+    @classmethod
+    def of_list(cls, values: list[int]) -> GemmConfig:
+        bm, bn, bk, warps, stages = values
+        return cls(block_m=bm, block_n=bn, block_k=bk, warps=warps, stages=stages)
+
+
+GemmKey = tuple[int, int, int]  # rows bucket (small_gemm.rows_bucket), N, K
+forced: Callable[[int, int, int], GemmConfig | None] | None = None  # tests: a configuration for every (M, N, K)
 
 
 def unsupported(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, int]]) -> str | None:
@@ -102,8 +135,36 @@ def scaled_mm(xq: Tensor, x_scale: Tensor, wq: Tensor, scale: Tensor, bias: Tens
               ) -> Tensor:
     """(xq * x_scale) @ (wq * scale).T (+ bias) in out_dtype for rows already quantized (`quantize_rows`, or
     the kernel before the projection: triton_ops.add_rms_norm_fp8, silu_mul_fp8)."""
+    config = gemm_config(xq, wq)
+    if config is not None:
+        return _scaled_mm_triton(xq, x_scale, wq, scale, bias, out_dtype, config)
     y = torch._scaled_mm(xq, wq.T, scale_a=x_scale, scale_b=scale.view(1, -1), out_dtype=out_dtype)
     return y if bias is None else y + bias
+
+
+def gemm_config(xq: Tensor, wq: Tensor) -> GemmConfig | None:
+    """The Triton GEMM's configuration for these operands where the GPU's table has one for the shape (a measured
+    win over cuBLASLt, `benchmark/fp8_gemm.py`), else None: cuBLASLt."""
+    (m, k), n = xq.shape, wq.shape[0]
+    if forced is not None:
+        return forced(m, n, k) if triton is not None and (xq.is_cuda or interpret) else None
+    if triton is None or not xq.is_cuda or os.environ.get(ENV, "1") == "0":
+        return None
+    return _table(xq.device.index or 0).get((small_gemm.rows_bucket(m), n, k))
+
+
+def read_table(path: Path) -> dict[GemmKey, GemmConfig]:
+    """{"entries": [{"rows", "n", "k", "config": GemmConfig.as_list()}, ...]} -> the table."""
+    return {(int(e["rows"]), int(e["n"]), int(e["k"])): GemmConfig.of_list(e["config"])
+            for e in json.loads(path.read_text())["entries"]}
+
+
+@functools.cache
+def _table(device_index: int) -> dict[GemmKey, GemmConfig]:
+    """The device's table, read once (empty where the GPU model has none)."""
+    name = torch.cuda.get_device_name(device_index)
+    path = Path(os.environ.get(TABLE_ENV) or small_gemm.table_path(name, TABLES_DIR))
+    return read_table(path) if path.is_file() else {}
 
 
 def linear(x: Tensor, wq: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -124,7 +185,52 @@ def _quantize_rows_triton(x: Tensor) -> tuple[Tensor, Tensor]:
     return out, scale
 
 
+def _scaled_mm_triton(xq: Tensor, x_scale: Tensor, wq: Tensor, scale: Tensor, bias: Tensor | None,
+                      out_dtype: torch.dtype, config: GemmConfig) -> Tensor:
+    (m, k), n = xq.shape, wq.shape[0]
+    if xq.stride(1) != 1 or not (wq.is_contiguous() and x_scale.is_contiguous() and scale.is_contiguous()):
+        raise ValueError("the Triton float8 GEMM takes rows with unit column stride and contiguous weights, scales")
+    out = torch.empty(m, n, dtype=out_dtype, device=xq.device)
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
+    _scaled_mm_kernel[grid](xq, x_scale, wq, scale, bias if bias is not None else scale, out, m, n, k, xq.stride(0),
+                            HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0, BLOCK_M=config.block_m,
+                            BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.warps,
+                            num_stages=config.stages)
+    return out
+
+
 if triton is not None:
+
+    @triton.jit(do_not_specialize=["M"])
+    def _scaled_mm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, M, N, K, stride_x, HAS_BIAS: tl.constexpr,
+                          EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """One [BLOCK_M, BLOCK_N] tile of (x * xs) @ (w * ws).T (+ bias) per program, the float8 products summed in
+        float32 on the tensor cores, both scales applied once after the K loop (what cuBLASLt's row-wise scaled
+        GEMM computes). A column block's row tiles are consecutive programs, so its weight comes from HBM once
+        and from the L2 for the others. Rows and columns past the ends load row 0's / column 0's values (wrapped:
+        the loads need no mask) and are not stored."""
+        pid = tl.program_id(0)
+        tiles_m = tl.cdiv(M, BLOCK_M)
+        rm = (pid % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = (pid // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        x_rows = x_ptr + (rm % M).to(tl.int64)[:, None] * stride_x
+        w_rows = w_ptr + (rn % N).to(tl.int64)[:, None] * K
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(x_rows + (k0 + rk)[None, :])
+                b = tl.load(w_rows + (k0 + rk)[None, :])
+            else:
+                live = (k0 + rk)[None, :] < K
+                a = tl.load(x_rows + (k0 + rk)[None, :], mask=live, other=0.0)
+                b = tl.load(w_rows + (k0 + rk)[None, :], mask=live, other=0.0)
+            acc = tl.dot(a, tl.trans(b), acc)
+        acc = acc * tl.load(xs_ptr + rm % M)[:, None] * tl.load(ws_ptr + rn % N)[None, :]
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn % N).to(tl.float32)[None, :]
+        keep = (rm < M)[:, None] & (rn < N)[None, :]
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=keep)
 
     @triton.jit
     def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, stride, K, BLOCK: tl.constexpr):

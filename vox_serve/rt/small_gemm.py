@@ -128,9 +128,10 @@ def read_table(path: Path) -> dict[Key, BlockConfig]:
     return base | table_from_json(data["entries"])
 
 
-def table_path(device_name: str) -> Path:
-    """The packaged table of a GPU model: "NVIDIA H200" -> small_gemm_tables/nvidia-h200.json."""
-    return TABLES_DIR / (re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") + ".json")
+def table_path(device_name: str, directory: Path = TABLES_DIR) -> Path:
+    """The packaged table of a GPU model: "NVIDIA H200" -> small_gemm_tables/nvidia-h200.json (rt/fp8_gemm's
+    tables are named the same in their own directory)."""
+    return directory / (re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") + ".json")
 
 
 @functools.cache

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# rt/fp8_gemm's Triton float8 GEMM against cuBLASLt's at 17-256 rows (--quantization fp8), in one device call on one
+# GPU (results under $OUT). Parts, in the order named in PARTS (default "sweep profile offline tests"):
+#   sweep    each decoder projection of Orpheus and the Qwen3-TTS talker at SWEEP_ROWS (64,128,256) rows, the
+#            Triton GEMM's candidates against cuBLASLt (benchmark/fp8_gemm.py); the winners become
+#            VOX_FP8_GEMM_TABLE for the parts after it ($OUT/fp8_gemm_table.json);
+#   profile  Orpheus' captured decode step at BATCHES (64,256) rows of 512 tokens (float8 weights and KV cache),
+#            cuBLASLt only (VOX_FP8_GEMM=0) and with the table (benchmark/profile_stages.py; TOP kernels each);
+#   offline  Orpheus' offline workload (256 at once, Rust runtime, float8 weights and KV cache) with the table;
+#   tests    the GPU tier's checks of the Triton GEMM, the float8 projections and the float8-cache decode attention.
+# Each part runs while time is left of LIMIT seconds (default 560). Usage (repo root, carrying .whl from
+# benchmark/gpu_wheels.sh, vox_serve/_rt.abi3.so from `pip install -e .`, and .fiaot.tgz):
+#   VOX_GIT_COMMIT=$(git rev-parse --short HEAD) LIMIT=560 bash benchmark/gpu_fp8_gemm.sh
+set -u
+cd "$(dirname "$0")/.."
+LIMIT=${LIMIT:-560}
+PARTS=${PARTS:-sweep profile offline tests}
+source benchmark/gpu_env.sh
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+left() { echo $((LIMIT - SECONDS)); }
+capped() { local cap=$1; echo $(( $(left) < cap ? $(left) : cap )); }
+W8="--kv-cache-dtype fp8 --quantization fp8"
+profile() {  # tag: the captured decode step per batch, while 70 s are left
+  local tag=$1
+  [ "$(left)" -gt 70 ] || { echo "profile $tag: skipped, $(left)s left"; return; }
+  STAGES=decode BATCHES=${BATCHES:-64,256} TOP=${TOP:-8} timeout "$(capped 120)" python3 benchmark/profile_stages.py \
+    --model orpheus --load-format dummy --device cuda --max-model-len 1152 --max-batch-size 256 \
+    --max-codec-batch 256 $W8 > "$OUT/decode_orpheus_$tag.txt" 2>&1
+  echo "profile $tag rc=$?"; grep -E -A4 "^decode x" "$OUT/decode_orpheus_$tag.txt" | grep -v -E "Warn|warn" | cut -c1-160
+}
+for part in $PARTS; do
+  case $part in
+    sweep)
+      timeout "$(capped 220)" python3 benchmark/fp8_gemm.py --rows "${SWEEP_ROWS:-64,128,256}" \
+        --models "${SWEEP_MODELS:-orpheus,qwen3}" --out "$OUT/fp8_gemm.json" --table "$OUT/fp8_gemm_table.json" 2>&1 \
+        | tee "$OUT/fp8_gemm.txt" | cut -c1-200
+      [ -f "$OUT/fp8_gemm_table.json" ] && export VOX_FP8_GEMM_TABLE=$OUT/fp8_gemm_table.json
+      ;;
+    profile)
+      VOX_FP8_GEMM=0 profile cublas
+      profile table
+      ;;
+    offline)
+      [ "$(left)" -gt 60 ] || { echo "offline: skipped, $(left)s left"; continue; }
+      RS_EXTRA="$W8" TAG=kv8w8_table TIMEOUT=$(capped 110) MODELS=orpheus PARTS=offline RUNTIMES=rust \
+        bash benchmark/gpu_runtimes.sh 2>&1 | grep -E "rc=|^summary|rror"
+      ;;
+    tests)
+      [ "$(left)" -gt 40 ] || { echo "tests: skipped, $(left)s left"; continue; }
+      timeout "$(capped 150)" python3 -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_decode_attention.py \
+        tests/test_triton_attention.py -k "float8 or quantize or decode or fp8" > "$OUT/tests.txt" 2>&1
+      echo "tests rc=$?"; tail -5 "$OUT/tests.txt"
+      ;;
+    *) echo "unknown part $part" ;;
+  esac
+done
