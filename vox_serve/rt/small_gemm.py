@@ -256,12 +256,15 @@ if triton is not None:
         return a.to(tl.float32)
 
     @triton.jit
-    def _times_w(acc, a, w, dtype: tl.constexpr, DOT: tl.constexpr):
+    def _times_w(acc, a, w, dtype: tl.constexpr, DOT: tl.constexpr, ROW: tl.constexpr):
         """acc + a [BLOCK_M, BLOCK_K] @ w [BLOCK_N, BLOCK_K].T: on the tensor cores in the activations' `dtype`
         (acc [BLOCK_M, BLOCK_N]; a float8 weight converted to it), or as FMAs into acc [BLOCK_M, BLOCK_N, BLOCK_K],
-        reduced over K once after the loop."""
+        reduced over K once after the loop; ROW (one row, FMAs): a is the row repeated [BLOCK_N, BLOCK_K] and acc
+        [BLOCK_N, BLOCK_K]."""
         if DOT:
             out = acc + tl.dot(a.to(dtype), tl.trans(w.to(dtype)))
+        elif ROW:
+            out = acc + a * w.to(tl.float32)
         else:
             out = acc + a[:, None, :] * w.to(tl.float32)[None, :, :]
         return out
@@ -269,25 +272,34 @@ if triton is not None:
     @triton.jit
     def _k_step(k0, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, rm, m_mask, write_rows, rn, n_mask, acc, acc_up, squares, N,
                 K: tl.constexpr, HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                GATED_IN: tl.constexpr, DOT: tl.constexpr, BLOCK_K: tl.constexpr):
+                GATED_IN: tl.constexpr, DOT: tl.constexpr, ROW: tl.constexpr, BLOCK_K: tl.constexpr):
         """One K block: the weight rows loaded first, then the input rows (their squares summed for the norm, the
-        sum written by block 0), scaled by the norm's weight; 1 / rms is a per-row factor applied after the loop."""
+        sum written by block 0), scaled by the norm's weight; 1 / rms is a per-row factor applied after the loop.
+        ROW (one row on FMAs): the product's input row is loaded again repeated per weight row, [BLOCK_N, BLOCK_K]
+        like the weight (the repeats from L1), so the weight keeps its load layout: multiplying it by a [1, BLOCK_K]
+        row made Triton move every weight element through shared memory (byte stores and four barriers per K
+        block in a float8 weight's SASS)."""
         rk = k0 + tl.arange(0, BLOCK_K)
         k_mask = rk < K
         w_mask = n_mask[:, None] & k_mask[None, :]
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=w_mask, other=0.0)
         if GATED:
             w_up = tl.load(w_ptr + (rn + N)[:, None] * K + rk[None, :], mask=w_mask, other=0.0)
-        a = _rows(x_ptr, d_ptr, rm, rk, m_mask[:, None] & k_mask[None, :], K, HAS_DELTA, GATED_IN)
-        if NORM:
-            squares += a * a
-            if HAS_DELTA:
-                tl.store(sum_ptr + rm[:, None] * K + rk[None, :], a.to(sum_ptr.dtype.element_ty),
-                         mask=write_rows[:, None] & k_mask[None, :])
-            a = a * tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        acc = _times_w(acc, a, w, x_ptr.dtype.element_ty, DOT)
+        if NORM or not ROW:
+            a = _rows(x_ptr, d_ptr, rm, rk, m_mask[:, None] & k_mask[None, :], K, HAS_DELTA, GATED_IN)
+            if NORM:
+                squares += a * a
+                if HAS_DELTA:
+                    tl.store(sum_ptr + rm[:, None] * K + rk[None, :], a.to(sum_ptr.dtype.element_ty),
+                             mask=write_rows[:, None] & k_mask[None, :])
+                a = a * tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        if ROW:
+            a = _rows(x_ptr, d_ptr, rn * 0, rk, w_mask, K, HAS_DELTA, GATED_IN)
+            if NORM:
+                a = a * tl.load(nw_ptr + rn[:, None] * 0 + rk[None, :], mask=w_mask, other=0.0).to(tl.float32)
+        acc = _times_w(acc, a, w, x_ptr.dtype.element_ty, DOT, ROW)
         if GATED:
-            acc_up = _times_w(acc_up, a, w_up, x_ptr.dtype.element_ty, DOT)
+            acc_up = _times_w(acc_up, a, w_up, x_ptr.dtype.element_ty, DOT, ROW)
         return acc, acc_up, squares
 
     # One column block: one pass over K reading the block's weight rows (and, GATED, the up half's rows at n + the
@@ -299,6 +311,7 @@ if triton is not None:
                      HAS_DELTA: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, GATED_IN: tl.constexpr,
                      HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, DOT: tl.constexpr, UNROLL: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        ROW: tl.constexpr = BLOCK_M == 1 and not DOT  # one row on FMAs (_k_step)
         rm = tl.arange(0, BLOCK_M)
         m_mask = rm < m
         write_rows = rm < tl.where(pid == 0, m, 0)  # block 0 writes the sums
@@ -307,6 +320,8 @@ if triton is not None:
         dtype = x_ptr.dtype.element_ty
         if DOT:
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        elif ROW:
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         else:
             acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
         acc_up = tl.zeros_like(acc)
@@ -315,13 +330,16 @@ if triton is not None:
             for k0 in tl.static_range(0, K, BLOCK_K):
                 acc, acc_up, squares = _k_step(k0, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, rm, m_mask, write_rows, rn,
                                                n_mask, acc, acc_up, squares, N, K, HAS_DELTA, NORM, GATED,
-                                               GATED_IN, DOT, BLOCK_K)
+                                               GATED_IN, DOT, ROW, BLOCK_K)
         else:
             for k0 in range(0, K, BLOCK_K):
                 acc, acc_up, squares = _k_step(k0, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, rm, m_mask, write_rows, rn,
                                                n_mask, acc, acc_up, squares, N, K, HAS_DELTA, NORM, GATED,
-                                               GATED_IN, DOT, BLOCK_K)
-        if not DOT:
+                                               GATED_IN, DOT, ROW, BLOCK_K)
+        if ROW:
+            acc = tl.sum(acc, axis=1)[None, :]
+            acc_up = tl.sum(acc_up, axis=1)[None, :]
+        elif not DOT:
             acc = tl.sum(acc, axis=2)
             acc_up = tl.sum(acc_up, axis=2)
         if SCALED:  # a float8 weight's per-row scales (the up half's rows at n + N)
