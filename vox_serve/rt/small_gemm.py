@@ -302,6 +302,30 @@ if triton is not None:
             acc_up = _times_w(acc_up, a, w_up, x_ptr.dtype.element_ty, DOT, ROW)
         return acc, acc_up, squares
 
+    @triton.jit
+    def _accumulator(DOT: tl.constexpr, ROW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+        """The products' float32 accumulator: [BLOCK_M, BLOCK_N] on the tensor cores, [BLOCK_N, BLOCK_K] for one
+        row on FMAs (ROW), else [BLOCK_M, BLOCK_N, BLOCK_K]."""
+        if DOT:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        elif ROW:
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        return acc
+
+    @triton.jit
+    def _reduced(acc, DOT: tl.constexpr, ROW: tl.constexpr):
+        """An `_accumulator` after the K loop as [BLOCK_M, BLOCK_N]: the FMA forms summed over their K lanes."""
+        if ROW:
+            out = tl.sum(acc, axis=1)[None, :]
+        elif DOT:
+            out = acc
+        else:
+            out = tl.sum(acc, axis=2)
+        return out
+
     # One column block: one pass over K reading the block's weight rows (and, GATED, the up half's rows at n + the
     # same columns) and the input rows, then the rows' 1 / rms, the bias or the gate, rounded to the output dtype.
     # UNROLL unrolls the K loop (all its loads can be in flight at once); otherwise num_stages pipelines it. Block 0
@@ -318,12 +342,7 @@ if triton is not None:
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = rn < N
         dtype = x_ptr.dtype.element_ty
-        if DOT:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        elif ROW:
-            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        else:
-            acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc = _accumulator(DOT, ROW, BLOCK_M, BLOCK_N, BLOCK_K)
         acc_up = tl.zeros_like(acc)
         squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
         if UNROLL:
@@ -336,12 +355,8 @@ if triton is not None:
                 acc, acc_up, squares = _k_step(k0, x_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, rm, m_mask, write_rows, rn,
                                                n_mask, acc, acc_up, squares, N, K, HAS_DELTA, NORM, GATED,
                                                GATED_IN, DOT, ROW, BLOCK_K)
-        if ROW:
-            acc = tl.sum(acc, axis=1)[None, :]
-            acc_up = tl.sum(acc_up, axis=1)[None, :]
-        elif not DOT:
-            acc = tl.sum(acc, axis=2)
-            acc_up = tl.sum(acc_up, axis=2)
+        acc = _reduced(acc, DOT, ROW)
+        acc_up = _reduced(acc_up, DOT, ROW)
         if SCALED:  # a float8 weight's per-row scales (the up half's rows at n + N)
             acc = acc * tl.load(s_ptr + rn, mask=n_mask, other=0.0)[None, :]
             if GATED:
