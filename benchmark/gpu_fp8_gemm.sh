@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # rt/fp8_gemm's Triton float8 GEMM against cuBLASLt's at 17-256 rows (--quantization fp8), in one device call on one
-# GPU (results under $OUT). Parts, in the order named in PARTS (default "sweep profile offline tests"):
+# GPU (results under $OUT). Parts, in the order named in PARTS (default "sweep profile offline tests offline_base"):
 #   sweep    each decoder projection of Orpheus and the Qwen3-TTS talker at SWEEP_ROWS (64,128,256) rows, the
 #            Triton GEMM's candidates against cuBLASLt (benchmark/fp8_gemm.py); the winners become
 #            VOX_FP8_GEMM_TABLE for the parts after it ($OUT/fp8_gemm_table.json);
 #   profile  Orpheus' captured decode step at BATCHES (64,256) rows of 512 tokens (float8 weights and KV cache),
 #            cuBLASLt only (VOX_FP8_GEMM=0) and with the table (benchmark/profile_stages.py; TOP kernels each);
 #   offline  Orpheus' offline workload (256 at once, Rust runtime, float8 weights and KV cache) with the table;
+#   offline_base  the same with cuBLASLt only (VOX_FP8_GEMM=0): the baseline on the same machine;
 #   tests    the GPU tier's checks of the Triton GEMM, the float8 projections and the float8-cache decode attention.
 # Each part runs while time is left of LIMIT seconds (default 560). Usage (repo root, carrying .whl from
 # benchmark/gpu_wheels.sh, vox_serve/_rt.abi3.so from `pip install -e .`, and .fiaot.tgz):
@@ -14,7 +15,7 @@
 set -u
 cd "$(dirname "$0")/.."
 LIMIT=${LIMIT:-560}
-PARTS=${PARTS:-sweep profile offline tests}
+PARTS=${PARTS:-sweep profile offline tests offline_base}
 source benchmark/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 left() { echo $((LIMIT - SECONDS)); }
@@ -27,6 +28,11 @@ profile() {  # tag: the captured decode step per batch, while 70 s are left
     --model orpheus --load-format dummy --device cuda --max-model-len 1152 --max-batch-size 256 \
     --max-codec-batch 256 $W8 > "$OUT/decode_orpheus_$tag.txt" 2>&1
   echo "profile $tag rc=$?"; grep -E -A4 "^decode x" "$OUT/decode_orpheus_$tag.txt" | grep -v -E "Warn|warn" | cut -c1-160
+}
+offline() {  # tag: Orpheus' offline workload (Rust runtime), while 60 s are left
+  [ "$(left)" -gt 60 ] || { echo "offline $1: skipped, $(left)s left"; return; }
+  RS_EXTRA="$W8" TAG=$1 TIMEOUT=$(capped 110) MODELS=orpheus PARTS=offline RUNTIMES=rust \
+    bash benchmark/gpu_runtimes.sh 2>&1 | grep -E "rc=|^summary|rror"
 }
 for part in $PARTS; do
   case $part in
@@ -41,9 +47,10 @@ for part in $PARTS; do
       profile table
       ;;
     offline)
-      [ "$(left)" -gt 60 ] || { echo "offline: skipped, $(left)s left"; continue; }
-      RS_EXTRA="$W8" TAG=kv8w8_table TIMEOUT=$(capped 110) MODELS=orpheus PARTS=offline RUNTIMES=rust \
-        bash benchmark/gpu_runtimes.sh 2>&1 | grep -E "rc=|^summary|rror"
+      offline kv8w8_table
+      ;;
+    offline_base)
+      VOX_FP8_GEMM=0 offline kv8w8_cublas
       ;;
     tests)
       [ "$(left)" -gt 40 ] || { echo "tests: skipped, $(left)s left"; continue; }
