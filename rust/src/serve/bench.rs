@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::sched::engine_loop::{EngineLoop, Worker};
@@ -50,11 +50,27 @@ struct Shared {
     outcomes: Mutex<Vec<Outcome>>,
     load: Vec<AtomicUsize>,
     alive: Vec<AtomicBool>,
+    /// Set once every request due at the start is in its replica's channel: the scheduler threads
+    /// wait for it before their first step, so requests sent together are admitted together (the
+    /// same batches on every run, as the Python runtime's bench mode admits them).
+    opened: (Mutex<bool>, Condvar),
 }
 
 impl Shared {
     fn now(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
+    }
+
+    fn open(&self) {
+        *self.opened.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.opened.1.notify_all();
+    }
+
+    fn wait_open(&self) {
+        let mut opened = self.opened.0.lock().unwrap_or_else(|e| e.into_inner());
+        while !*opened {
+            opened = self.opened.1.wait(opened).unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     fn outcomes(&self) -> std::sync::MutexGuard<'_, Vec<Outcome>> {
@@ -177,6 +193,7 @@ fn spawn_replica<W: Worker + Send + 'static>(replica: usize, mut lp: EngineLoop<
                                              -> std::io::Result<std::thread::JoinHandle<Option<EngineLoop<W>>>> {
     std::thread::Builder::new().name(format!("vox-scheduler-{replica}")).spawn(move || {
         let mut run = ReplicaRun { replica, shared: &shared, by_key: HashMap::new(), by_id: HashMap::new() };
+        shared.wait_open();
         match catch_unwind(AssertUnwindSafe(|| run.run(&mut lp, &incoming))) {
             Ok(()) => Some(lp),
             Err(panic) => {
@@ -190,11 +207,12 @@ fn spawn_replica<W: Worker + Send + 'static>(replica: usize, mut lp: EngineLoop<
 }
 
 /// Send each request at its offset to the least-loaded live replica; a request no replica can take
-/// fails.
+/// fails. The replicas start stepping (`Shared::open`) once the requests due at the start are sent.
 fn send_arrivals(shared: &Shared, senders: &[Option<Sender<usize>>], offsets: &[f64]) {
     for (index, &offset) in offsets.iter().enumerate() {
         let wait = offset - shared.now();
         if wait > 0.0 {
+            shared.open();
             std::thread::sleep(Duration::from_secs_f64(wait));
         }
         loop {
@@ -215,6 +233,7 @@ fn send_arrivals(shared: &Shared, senders: &[Option<Sender<usize>>], offsets: &[
             shared.alive[replica].store(false, Ordering::SeqCst);
         }
     }
+    shared.open();
 }
 
 /// Run one phase on the replicas' loops (None: a replica that failed in an earlier phase), each on
@@ -230,6 +249,7 @@ pub fn run<W: Worker + Send + 'static>(loops: Vec<Option<EngineLoop<W>>>, arriva
         start: Instant::now(), outcomes: Mutex::new(outcomes),
         load: loops.iter().map(|_| AtomicUsize::new(0)).collect(),
         alive: loops.iter().map(|lp| AtomicBool::new(lp.is_some())).collect(),
+        opened: (Mutex::new(false), Condvar::new()),
     });
     let mut senders = Vec::new();
     let mut threads = Vec::new();
