@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vox_serve.rt import small_gemm
+from vox_serve.rt import fp8_gemm, small_gemm
+from vox_serve.rt.fp8_gemm import GemmConfig
 from vox_serve.rt.small_gemm import BlockConfig, Kind
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,3 +98,36 @@ def test_benchmark_candidates_respect_the_register_and_unroll_limits() -> None:
                 assert small_gemm.rows_bucket(m) * c.block_n * c.block_k * 2 <= bench.FMA_TILE_PER_WARP * c.warps
     long_k = bench.Shape("m", "down", Kind.PLAIN, 3072, 8192)
     assert not any(c.unroll and c.block_k < 1024 for c in bench.candidates(long_k, 1))
+
+
+@pytest.mark.parametrize("path", sorted(fp8_gemm.TABLES_DIR.glob("*.json")), ids=lambda p: p.name)
+def test_packaged_float8_gemm_tables_parse_to_valid_configurations(path: Path) -> None:
+    """rt/fp8_gemm's tables (benchmark/fp8_gemm.py): named as small_gemm's, rows buckets above the small-rows
+    kernels' reach, tiles the float8 tensor cores take (powers of two, K blocks of 32 or more)."""
+    data = json.loads(path.read_text())
+    assert small_gemm.table_path(data["device"], fp8_gemm.TABLES_DIR) == path
+    table = fp8_gemm.read_table(path)
+    assert table and len(table) == len(data["entries"])
+    for (rows, n, k), config in table.items():
+        assert rows == small_gemm.rows_bucket(rows) > small_gemm.MAX_ROWS and n % 16 == 0 and k % 16 == 0
+        assert config.block_k >= 32 and config.warps in (4, 8) and config.stages >= 1
+        assert all(b & (b - 1) == 0 for b in (config.block_m, config.block_n, config.block_k))
+        assert GemmConfig.of_list(config.as_list()) == config
+
+
+@pytest.mark.skipif(fp8_gemm.triton is None, reason="triton not installed")
+def test_the_float8_gemm_looks_its_shape_up_by_rows_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA tensor's (rows bucket, N, K) picks the table's entry; a shape without one, VOX_FP8_GEMM=0 and a CPU
+    tensor run cuBLASLt's GEMM (None)."""
+    entry = GemmConfig(64, 32, 256)
+    monkeypatch.setattr(fp8_gemm, "_table", lambda device: {(256, 48, 64): entry})
+    weight = torch.zeros(48, 64, dtype=fp8_gemm.FP8)
+
+    def rows(m: int, cuda: bool = True) -> SimpleNamespace:
+        return SimpleNamespace(shape=(m, 64), is_cuda=cuda, device=torch.device("cpu"))
+
+    assert fp8_gemm.gemm_config(rows(200), weight) == entry == fp8_gemm.gemm_config(rows(256), weight)
+    assert fp8_gemm.gemm_config(rows(257), weight) is None and fp8_gemm.gemm_config(rows(128), weight) is None
+    assert fp8_gemm.gemm_config(rows(200, cuda=False), weight) is None
+    monkeypatch.setenv(fp8_gemm.ENV, "0")
+    assert fp8_gemm.gemm_config(rows(200), weight) is None
