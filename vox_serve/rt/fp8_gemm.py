@@ -12,7 +12,8 @@ output channel, so a decode step at a few rows reads half the bytes it reads in 
   before a projection store its rows in float8 (`triton_ops.add_rms_norm_fp8` before q/k/v and gate/up,
   `silu_mul_fp8` before down: `layers/decoder.norm_project`, `gated_project`), so only the o projection's input
   (and a stack's first q/k/v input, which no add precedes) takes a `quantize_rows` launch of its own (before: 4
-  per layer, 0.47 ms of Orpheus' 8.8 ms step at 256 rows on an H100; the fused form is not timed yet);
+  per layer, 0.47 ms of Orpheus' 8.8 ms step at 256 rows on an H100; after: 29 launches, 0.11 ms of the 64-row step,
+  benchmark/results/h100-2026-12-07f);
 - the GEMM itself is cuBLASLt's unless the GPU's table (`fp8_gemm_tables/<gpu model>.json`, written by
   `benchmark/fp8_gemm.py`; `VOX_FP8_GEMM_TABLE` names another, `VOX_FP8_GEMM=0` keeps cuBLASLt) has a measured
   Triton configuration for the shape and rows bucket (`_scaled_mm_kernel`): at 256 rows cuBLASLt runs every
