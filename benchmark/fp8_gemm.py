@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from small_gemm import L2_BYTES, MODELS, graph_us  # noqa: E402
+from small_gemm import MODELS, graph_us, weight_copies  # noqa: E402
 
 from vox_serve.rt import fp8_gemm, small_gemm  # noqa: E402
 from vox_serve.rt.fp8_gemm import GemmConfig  # noqa: E402
@@ -51,7 +50,7 @@ def gemm_shapes(models: list[str]) -> list[tuple[str, int, int]]:
 
 
 def measure(name: str, n: int, k: int, m: int) -> dict:
-    copies = max(2, min(64, math.ceil(L2_BYTES / (n * k))))
+    copies = weight_copies(n * k)  # float8: a byte per element
     gen = torch.Generator(device="cuda").manual_seed(0)
     weights = [fp8_gemm.quantize_weight(torch.randn(n, k, device="cuda", generator=gen) / 32) for _ in range(copies)]
     scales = {id(wq): scale for wq, scale in weights}

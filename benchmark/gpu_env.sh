@@ -28,6 +28,8 @@ if [ -f .espeak.tgz ]; then
   export LD_LIBRARY_PATH=/tmp/espeak/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export PHONEMIZER_ESPEAK_LIBRARY=/tmp/espeak/lib/libespeak-ng.so.1 ESPEAK_DATA_PATH=/tmp/espeak/espeak-ng-data
 fi
+left() { echo $((LIMIT - SECONDS)); }  # seconds left of the calling script's LIMIT
+capped() { local cap=$1; echo $(( $(left) < cap ? $(left) : cap )); }  # a part's timeout: cap, or what is left
 save_fi_modules() {  # pack the modules this call compiled as $OUT/fiaot.tgz (<name>/<name>.so each)
   local dir=/tmp/fiaot; rm -rf "$dir"; mkdir -p "$dir"
   find "$FLASHINFER_WORKSPACE_BASE" -path '*cached_ops*' -name '*.so' 2>/dev/null | while read -r so; do

@@ -18,8 +18,6 @@ LIMIT=${LIMIT:-560}
 PARTS=${PARTS:-sweep profile offline tests offline_base}
 source benchmark/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-left() { echo $((LIMIT - SECONDS)); }
-capped() { local cap=$1; echo $(( $(left) < cap ? $(left) : cap )); }
 W8="--kv-cache-dtype fp8 --quantization fp8"
 profile() {  # tag: the captured decode step per batch, while 70 s are left
   local tag=$1

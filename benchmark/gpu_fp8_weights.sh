@@ -23,8 +23,6 @@ LIMIT=${LIMIT:-560}
 PARTS=${PARTS:-tests profile ttfa}
 source benchmark/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-left() { echo $((LIMIT - SECONDS)); }
-capped() { local cap=$1; echo $(( $(left) < cap ? $(left) : cap )); }
 offline() {  # model tag flags...: one offline run of the Rust runtime, while at least 60 s are left
   local model=$1 tag=$2; shift 2
   [ "$(left)" -gt 60 ] || { echo "$model $tag: skipped, $(left)s left"; return; }

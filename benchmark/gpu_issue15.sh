@@ -24,7 +24,6 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 TABLE=${VOX_SMALL_GEMM_TABLE:-$(python3 -c 'import torch; from vox_serve.rt.small_gemm import table_path
 print(table_path(torch.cuda.get_device_name(0)))')}
 [ -f "$TABLE" ] || { echo "no small-GEMM table for this card ($TABLE): the unfused ops run"; }
-left() { echo $((LIMIT - SECONDS)); }
 offline() {  # model tag flags...: one offline run of the Rust runtime, while at least 60 s are left
   local model=$1 tag=$2; shift 2
   [ "$(left)" -gt 60 ] || { echo "$model $tag: skipped, $(left)s left"; return; }

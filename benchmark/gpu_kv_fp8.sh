@@ -23,7 +23,6 @@ LIMIT=${LIMIT:-560}
 PARTS=${PARTS:-tests offline ttfa qwen profile}
 source benchmark/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-left() { echo $((LIMIT - SECONDS)); }
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 offline() {  # model tag flags...: one offline run of the Rust runtime, while at least 60 s are left
   local model=$1 tag=$2; shift 2

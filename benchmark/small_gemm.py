@@ -40,6 +40,11 @@ from vox_serve.rt.small_gemm import BlockConfig, Kind  # noqa: E402
 L2_BYTES = 160 << 20  # cycle over at least this much weight per replay
 
 
+def weight_copies(weight_bytes: int) -> int:
+    """How many copies of a weight a replay cycles over so that each launch reads it from HBM (2-64)."""
+    return max(2, min(64, math.ceil(L2_BYTES / weight_bytes)))
+
+
 @dataclass(frozen=True)
 class Shape:
     model: str
@@ -105,7 +110,7 @@ class Case:
         self.plain = plain
         rows = 2 * shape.n if shape.kind is Kind.GATED else shape.n
         bytes_per = rows * shape.k * (1 if fp8 else 2)
-        copies = max(2, min(64, math.ceil(L2_BYTES / bytes_per)))
+        copies = weight_copies(bytes_per)
         gen = torch.Generator(device="cuda").manual_seed(0)
         self.shape, self.m = shape, m
         self.weights = [torch.randn(rows, shape.k, device="cuda", generator=gen, dtype=torch.bfloat16) / 32

@@ -292,11 +292,13 @@ if triton is not None:
                 if HAS_DELTA:
                     tl.store(sum_ptr + rm[:, None] * K + rk[None, :], a.to(sum_ptr.dtype.element_ty),
                              mask=write_rows[:, None] & k_mask[None, :])
-                a = a * tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
         if ROW:
             a = _rows(x_ptr, d_ptr, rn * 0, rk, w_mask, K, HAS_DELTA, GATED_IN)
-            if NORM:
+        if NORM:  # the norm's weight in the product's layout
+            if ROW:
                 a = a * tl.load(nw_ptr + rn[:, None] * 0 + rk[None, :], mask=w_mask, other=0.0).to(tl.float32)
+            else:
+                a = a * tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
         acc = _times_w(acc, a, w, x_ptr.dtype.element_ty, DOT, ROW)
         if GATED:
             acc_up = _times_w(acc_up, a, w_up, x_ptr.dtype.element_ty, DOT, ROW)
