@@ -1,7 +1,7 @@
 """Measure rt/fp8_gemm's Triton float8 GEMM against cuBLASLt's (`torch._scaled_mm`, what `--quantization fp8` runs
-from 17 rows on) per decoder projection and rows bucket on this GPU, and write the table of configurations that
-won (`--table`: the JSON that `VOX_FP8_GEMM_TABLE` reads, and that vox_serve/rt/fp8_gemm_tables/<gpu model>.json
-holds for the GPUs it was measured on).
+where rt/small_gemm's kernels do not) per decoder projection and rows bucket on this GPU, and write the table of
+configurations that won (`--table`: the JSON that `VOX_FP8_GEMM_TABLE` reads, and that
+vox_serve/rt/fp8_gemm_tables/<gpu model>.json holds for the GPUs it was measured on).
 
     python benchmark/fp8_gemm.py --out results.json --table table.json [--rows 32,64,128,256] [--models orpheus,qwen3]
 
@@ -31,20 +31,23 @@ from vox_serve.rt.small_gemm import Kind  # noqa: E402
 CONFIGS = [GemmConfig(64, 64, 128), GemmConfig(64, 128, 128), GemmConfig(64, 128, 128, stages=3),
            GemmConfig(64, 64, 256, stages=3), GemmConfig(64, 128, 256, stages=3), GemmConfig(64, 256, 128, 8, 3),
            GemmConfig(64, 32, 256), GemmConfig(128, 64, 128), GemmConfig(128, 128, 128, 8, 3),
-           GemmConfig(128, 128, 128), GemmConfig(128, 256, 128, 8, 3), GemmConfig(128, 128, 256, 8, 3)]
+           GemmConfig(128, 128, 128), GemmConfig(128, 256, 128, 8, 3), GemmConfig(128, 128, 256, 8, 3),
+           # a few rows (2-32): 16-row tiles (float16 MMAs over the converted float8, bandwidth-bound there)
+           GemmConfig(16, 32, 256), GemmConfig(16, 64, 256), GemmConfig(16, 64, 512, stages=3),
+           GemmConfig(16, 128, 256), GemmConfig(32, 64, 256)]
 HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12}
 FP8_FLOPS = 1.979e15  # Hopper's dense float8 tensor-core peak (SXM)
 
 
 def gemm_shapes(models: list[str]) -> list[tuple[str, int, int]]:
-    """(name, N, K) of the decoder projections' GEMMs: the gated kind's weight holds gate and up (2N rows); the
-    gated-input kind is the down projection's GEMM again."""
+    """(name, N, K) of the decoder projections' GEMMs (depth transformers' too): the gated kind's weight holds gate
+    and up (2N rows); the gated-input kind is the down projection's GEMM again."""
     out = []
     for model in models:
         for s in MODELS[model]:
-            if s.kind is not Kind.GATED_IN and not s.model.endswith(("predictor", "depth")):
+            if s.kind is not Kind.GATED_IN:
                 n = 2 * s.n if s.kind is Kind.GATED else s.n
-                if n % 16 == 0 and s.k % 16 == 0:
+                if n % 16 == 0 and s.k % 16 == 0 and (n, s.k) not in {(o[1], o[2]) for o in out}:
                     out.append((f"{s.model}.{s.name}", n, s.k))
     return out
 
@@ -67,8 +70,8 @@ def measure(name: str, n: int, k: int, m: int) -> dict:
         fp8_gemm.forced = None
     tried = []
     for config in CONFIGS:
-        if config.block_m > max(64, small_gemm.rows_bucket(m)):
-            continue
+        if config.block_m > max(64, small_gemm.rows_bucket(m)) or config.block_m < min(64, small_gemm.rows_bucket(m)):
+            continue  # tiles taller than the rows bucket (from 64 rows up) or shorter than it (below 64)
         fp8_gemm.forced = lambda *_, c=config: c
         try:
             err = ((run(wqs[0]).float() - ref).abs().max() / ref.abs().max()).item()
@@ -91,6 +94,7 @@ def main() -> None:
     p.add_argument("--min-speedup", type=float, default=1.03, help="an entry needs this ratio over cuBLASLt")
     args = p.parse_args()
     results, entries = [], []
+    device = torch.cuda.get_device_name()
     for name, n, k in gemm_shapes(args.models.split(",")):
         for m in (int(r) for r in args.rows.split(",")):
             r = measure(name, n, k, m)
@@ -100,13 +104,12 @@ def main() -> None:
                   f" err {r['best']['err']:.1e})", flush=True)
             if r["speedup"] >= args.min_speedup and r["best"]["err"] < 2e-2:
                 entries.append({"rows": small_gemm.rows_bucket(m), "n": n, "k": k, "config": r["best"]["config"]})
-    device = torch.cuda.get_device_name()
-    args.out.write_text(json.dumps({"device": device, "results": results}, indent=1))
-    args.table.write_text(json.dumps({"device": device, "made_by": "benchmark/fp8_gemm.py", "entries": entries},
-                                     indent=1))
+        # written after every shape, so a sweep stopped by a time limit keeps what it measured
+        args.out.write_text(json.dumps({"device": device, "results": results}, indent=1))
+        args.table.write_text(json.dumps({"device": device, "made_by": "benchmark/fp8_gemm.py", "entries": entries},
+                                         indent=1))
     print(f"{len(entries)} entries of {len(results)} shapes x rows -> {args.table} "
           f"(default path for this GPU: {small_gemm.table_path(device, fp8_gemm.TABLES_DIR)})")
-
 
 if __name__ == "__main__":
     main()

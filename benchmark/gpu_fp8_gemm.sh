@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# rt/fp8_gemm's Triton float8 GEMM against cuBLASLt's at 17-256 rows (--quantization fp8), in one device call on one
+# rt/fp8_gemm's Triton float8 GEMM against cuBLASLt's per rows bucket (--quantization fp8), in one device call on one
 # GPU (results under $OUT). Parts, in the order named in PARTS (default "sweep profile offline tests offline_base"):
-#   sweep    each decoder projection of Orpheus and the Qwen3-TTS talker at SWEEP_ROWS (64,128,256) rows, the
-#            Triton GEMM's candidates against cuBLASLt (benchmark/fp8_gemm.py); the winners become
+#   sweep    each decoder projection of Orpheus and Qwen3-TTS (talker, code predictor) at SWEEP_ROWS (64,128,256)
+#            rows, the Triton GEMM's candidates against cuBLASLt (benchmark/fp8_gemm.py); the winners become
 #            VOX_FP8_GEMM_TABLE for the parts after it ($OUT/fp8_gemm_table.json);
 #   profile  Orpheus' captured decode step at BATCHES (64,256) rows of 512 tokens (float8 weights and KV cache),
 #            cuBLASLt only (VOX_FP8_GEMM=0) and with the table (benchmark/profile_stages.py; TOP kernels each);

@@ -48,8 +48,9 @@ def test_an_extending_table_is_its_base_with_its_own_entries_on_top() -> None:
     h100 = small_gemm.read_table(small_gemm.table_path("NVIDIA H100 80GB HBM3"))
     h200 = small_gemm.read_table(small_gemm.table_path("NVIDIA H200"))
     gate_up = ("gated", "bfloat16", 1, 8192, 3072)
-    own = {k for k in h100 if k[1] == "float8_e4m3fn"} | {gate_up}  # the H100's float8 entries: Orpheus at 1 row
-    assert gate_up in h100 and not own & h200.keys() and len(own) == 5
+    fp8 = {k for k in h100 if k[1] == "float8_e4m3fn"}  # the H100's float8 entries: Orpheus and the talker at 1 row
+    own = fp8 | {gate_up}
+    assert gate_up in h100 and not own & h200.keys() and len(fp8) == 8 and {k[2] for k in fp8} == {1}
     assert {k: v for k, v in h100.items() if k not in own} == h200
 
 

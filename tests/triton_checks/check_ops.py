@@ -450,7 +450,8 @@ def check_scaled_mm(device: str = "cpu") -> None:
     cases = ((37, 48, 96, GemmConfig(16, 16, 32)), (5, 80, 160, GemmConfig(16, 32, 64, stages=2)))
     if device == "cuda":
         cases += ((200, 3072, 3072, GemmConfig(64, 128, 128)), (256, 5120, 3072, GemmConfig(128, 64, 256, warps=8)),
-                  (17, 2064, 8192, GemmConfig(64, 64, 128, stages=5)), (256, 3072, 8192 - 64, GemmConfig(64, 128, 256)))
+                  (17, 2064, 8192, GemmConfig(64, 64, 128, stages=5)), (256, 3072, 8192 - 64, GemmConfig(64, 128, 256)),
+                  (2, 1024, 2048, GemmConfig(16, 64, 512, stages=3)), (13, 2048, 6144, GemmConfig(16, 32, 256)))
     fp8_gemm.interpret = device == "cpu"
     try:
         for i, (m, n, k, config) in enumerate(cases):
