@@ -3,9 +3,11 @@
 # GPU (results under $OUT). Parts, in the order named in PARTS (default "sweep profile offline tests offline_base"):
 #   sweep    each decoder projection of Orpheus and Qwen3-TTS (talker, code predictor) at SWEEP_ROWS (64,128,256)
 #            rows, the Triton GEMM's candidates against cuBLASLt (benchmark/fp8_gemm.py); the winners become
-#            VOX_FP8_GEMM_TABLE for the parts after it ($OUT/fp8_gemm_table.json);
-#   profile  Orpheus' captured decode step at BATCHES (64,256) rows of 512 tokens (float8 weights and KV cache),
-#            cuBLASLt only (VOX_FP8_GEMM=0) and with the table (benchmark/profile_stages.py; TOP kernels each);
+#            VOX_FP8_GEMM_TABLE for the parts after it, over the packaged table's other entries
+#            ($OUT/fp8_gemm_table.json, merged: fp8_gemm_table_merged.json);
+#   profile  the captured decode step of each of PROFILE_MODELS (orpheus) at BATCHES (64,256) rows of 512 tokens
+#            (float8 weights and KV cache), cuBLASLt only (VOX_FP8_GEMM=0) and with the table
+#            (benchmark/profile_stages.py; TOP kernels each);
 #   offline  Orpheus' offline workload (256 at once, Rust runtime, float8 weights and KV cache) with the table;
 #   offline_base  the same with cuBLASLt only (VOX_FP8_GEMM=0): the baseline on the same machine;
 #   tests    the GPU tier's checks of the Triton GEMM, the float8 projections and the float8-cache decode attention.
@@ -19,13 +21,16 @@ PARTS=${PARTS:-sweep profile offline tests offline_base}
 source benchmark/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 W8="--kv-cache-dtype fp8 --quantization fp8"
-profile() {  # tag: the captured decode step per batch, while 70 s are left
-  local tag=$1
-  [ "$(left)" -gt 70 ] || { echo "profile $tag: skipped, $(left)s left"; return; }
-  STAGES=decode BATCHES=${BATCHES:-64,256} TOP=${TOP:-8} timeout "$(capped 120)" python3 benchmark/profile_stages.py \
-    --model orpheus --load-format dummy --device cuda --max-model-len 1152 --max-batch-size 256 \
-    --max-codec-batch 256 $W8 > "$OUT/decode_orpheus_$tag.txt" 2>&1
-  echo "profile $tag rc=$?"; grep -E -A4 "^decode x" "$OUT/decode_orpheus_$tag.txt" | grep -v -E "Warn|warn" | cut -c1-160
+profile() {  # tag: the captured decode step per batch of each of PROFILE_MODELS, while 70 s are left
+  local tag=$1 model
+  for model in ${PROFILE_MODELS:-orpheus}; do
+    [ "$(left)" -gt 70 ] || { echo "profile $model $tag: skipped, $(left)s left"; continue; }
+    STAGES=decode BATCHES=${BATCHES:-64,256} TOP=${TOP:-8} timeout "$(capped 120)" python3 benchmark/profile_stages.py \
+      --model "$model" --load-format dummy --device cuda --max-model-len 1152 --max-batch-size 256 \
+      --max-codec-batch 256 $W8 > "$OUT/decode_${model}_$tag.txt" 2>&1
+    echo "profile $model $tag rc=$?"
+    grep -E -A4 "^decode x" "$OUT/decode_${model}_$tag.txt" | grep -v -E "Warn|warn" | cut -c1-160
+  done
 }
 offline() {  # tag: Orpheus' offline workload (Rust runtime), while 60 s are left
   [ "$(left)" -gt 60 ] || { echo "offline $1: skipped, $(left)s left"; return; }
@@ -38,7 +43,20 @@ for part in $PARTS; do
       timeout "$(capped 220)" python3 benchmark/fp8_gemm.py --rows "${SWEEP_ROWS:-64,128,256}" \
         --models "${SWEEP_MODELS:-orpheus,qwen3}" --out "$OUT/fp8_gemm.json" --table "$OUT/fp8_gemm_table.json" 2>&1 \
         | tee "$OUT/fp8_gemm.txt" | cut -c1-200
-      [ -f "$OUT/fp8_gemm_table.json" ] && export VOX_FP8_GEMM_TABLE=$OUT/fp8_gemm_table.json
+      # the winners over the packaged table's entries at other (rows, N, K), for the parts after this one
+      python3 - "$OUT/fp8_gemm_table.json" "$OUT/fp8_gemm_table_merged.json" <<'PY' \
+        && export VOX_FP8_GEMM_TABLE=$OUT/fp8_gemm_table_merged.json
+import json, sys
+import torch
+from vox_serve.rt import fp8_gemm, small_gemm
+new = json.load(open(sys.argv[1]))
+path = small_gemm.table_path(torch.cuda.get_device_name(), fp8_gemm.TABLES_DIR)
+key = lambda e: (e["rows"], e["n"], e["k"])
+ours = {key(e) for e in new["entries"]}
+kept = [e for e in json.loads(path.read_text())["entries"] if key(e) not in ours] if path.is_file() else []
+json.dump({**new, "entries": kept + new["entries"]}, open(sys.argv[2], "w"), indent=1)
+print(f"{len(new['entries'])} entries measured, {len(kept)} kept from {path.name if kept else 'no packaged table'}")
+PY
       ;;
     profile)
       VOX_FP8_GEMM=0 profile cublas
