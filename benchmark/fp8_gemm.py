@@ -111,5 +111,6 @@ def main() -> None:
     print(f"{len(entries)} entries of {len(results)} shapes x rows -> {args.table} "
           f"(default path for this GPU: {small_gemm.table_path(device, fp8_gemm.TABLES_DIR)})")
 
+
 if __name__ == "__main__":
     main()
