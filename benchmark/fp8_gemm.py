@@ -42,14 +42,13 @@ FP8_FLOPS = 1.979e15  # Hopper's dense float8 tensor-core peak (SXM)
 def gemm_shapes(models: list[str]) -> list[tuple[str, int, int]]:
     """(name, N, K) of the decoder projections' GEMMs (depth transformers' too): the gated kind's weight holds gate
     and up (2N rows); the gated-input kind is the down projection's GEMM again."""
-    out = []
+    names: dict[tuple[int, int], str] = {}  # (N, K) -> the first projection of that shape
     for model in models:
         for s in MODELS[model]:
-            if s.kind is not Kind.GATED_IN:
-                n = 2 * s.n if s.kind is Kind.GATED else s.n
-                if n % 16 == 0 and s.k % 16 == 0 and (n, s.k) not in {(o[1], o[2]) for o in out}:
-                    out.append((f"{s.model}.{s.name}", n, s.k))
-    return out
+            n = 2 * s.n if s.kind is Kind.GATED else s.n
+            if s.kind is not Kind.GATED_IN and n % 16 == 0 and s.k % 16 == 0:
+                names.setdefault((n, s.k), f"{s.model}.{s.name}")
+    return [(name, n, k) for (n, k), name in names.items()]
 
 
 def measure(name: str, n: int, k: int, m: int) -> dict:

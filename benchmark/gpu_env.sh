@@ -30,6 +30,19 @@ if [ -f .espeak.tgz ]; then
 fi
 left() { echo $((LIMIT - SECONDS)); }  # seconds left of the calling script's LIMIT
 capped() { local cap=$1; echo $(( $(left) < cap ? $(left) : cap )); }  # a part's timeout: cap, or what is left
+extend_table() {  # MODULE MEASURED OUT: a sweep's table (MEASURED) written as OUT over this GPU's packaged table
+  # of vox_serve.rt.MODULE (small_gemm or fp8_gemm; "extends", read by small_gemm.read_layered), where there is one
+  python3 - "$@" <<'PY'
+import importlib, json, sys
+import torch
+from vox_serve.rt import small_gemm
+module, measured = importlib.import_module(f"vox_serve.rt.{sys.argv[1]}"), json.load(open(sys.argv[2]))
+base = small_gemm.table_path(torch.cuda.get_device_name(), module.TABLES_DIR)
+extends = {"extends": base.name} if base.is_file() else {}
+json.dump({**measured, **extends}, open(sys.argv[3], "w"), indent=1)
+print(f"{len(measured['entries'])} entries measured, on top of {base.name if extends else 'no packaged table'}")
+PY
+}
 save_fi_modules() {  # pack the modules this call compiled as $OUT/fiaot.tgz (<name>/<name>.so each)
   local dir=/tmp/fiaot; rm -rf "$dir"; mkdir -p "$dir"
   find "$FLASHINFER_WORKSPACE_BASE" -path '*cached_ops*' -name '*.so' 2>/dev/null | while read -r so; do

@@ -4,7 +4,7 @@
 #   sweep    each decoder projection of Orpheus and Qwen3-TTS (talker, code predictor) at SWEEP_ROWS (64,128,256)
 #            rows, the Triton GEMM's candidates against cuBLASLt (benchmark/fp8_gemm.py); the winners become
 #            VOX_FP8_GEMM_TABLE for the parts after it, over the packaged table's other entries
-#            ($OUT/fp8_gemm_table.json, merged: fp8_gemm_table_merged.json);
+#            ($OUT/fp8_gemm_table.json; extending it: fp8_gemm_table_extending.json);
 #   profile  the captured decode step of each of PROFILE_MODELS (orpheus) at BATCHES (64,256) rows of 512 tokens
 #            (float8 weights and KV cache), cuBLASLt only (VOX_FP8_GEMM=0) and with the table
 #            (benchmark/profile_stages.py; TOP kernels each);
@@ -43,20 +43,8 @@ for part in $PARTS; do
       timeout "$(capped 220)" python3 benchmark/fp8_gemm.py --rows "${SWEEP_ROWS:-64,128,256}" \
         --models "${SWEEP_MODELS:-orpheus,qwen3}" --out "$OUT/fp8_gemm.json" --table "$OUT/fp8_gemm_table.json" 2>&1 \
         | tee "$OUT/fp8_gemm.txt" | cut -c1-200
-      # the winners over the packaged table's entries at other (rows, N, K), for the parts after this one
-      python3 - "$OUT/fp8_gemm_table.json" "$OUT/fp8_gemm_table_merged.json" <<'PY' \
-        && export VOX_FP8_GEMM_TABLE=$OUT/fp8_gemm_table_merged.json
-import json, sys
-import torch
-from vox_serve.rt import fp8_gemm, small_gemm
-new = json.load(open(sys.argv[1]))
-path = small_gemm.table_path(torch.cuda.get_device_name(), fp8_gemm.TABLES_DIR)
-key = lambda e: (e["rows"], e["n"], e["k"])
-ours = {key(e) for e in new["entries"]}
-kept = [e for e in json.loads(path.read_text())["entries"] if key(e) not in ours] if path.is_file() else []
-json.dump({**new, "entries": kept + new["entries"]}, open(sys.argv[2], "w"), indent=1)
-print(f"{len(new['entries'])} entries measured, {len(kept)} kept from {path.name if kept else 'no packaged table'}")
-PY
+      extend_table fp8_gemm "$OUT/fp8_gemm_table.json" "$OUT/fp8_gemm_table_extending.json" \
+        && export VOX_FP8_GEMM_TABLE=$OUT/fp8_gemm_table_extending.json
       ;;
     profile)
       VOX_FP8_GEMM=0 profile cublas

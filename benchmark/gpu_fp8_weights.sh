@@ -43,16 +43,8 @@ for part in $PARTS; do
       timeout "$(capped 240)" python3 benchmark/small_gemm.py --weights fp8 --models "${SWEEP_MODELS:-orpheus}" \
         --rows "${SWEEP_ROWS:-1,2,4,8,16}" --compile-jobs 14 --out "$OUT/small_gemm_fp8.json" --table "$OUT/sg_fp8.json" 2>&1 \
         | grep -v "^begin" | tee "$OUT/small_gemm_fp8.txt" | cut -c1-200
-      python3 - "$OUT/sg_fp8.json" "$OUT/small_gemm_fp8_table.json" <<'PY' && export VOX_SMALL_GEMM_TABLE=$OUT/small_gemm_fp8_table.json
-import json, sys
-import torch
-from vox_serve.rt import small_gemm
-measured = json.load(open(sys.argv[1]))
-base = small_gemm.table_path(torch.cuda.get_device_name())
-json.dump({"device": measured["device"], "made_by": measured["made_by"], "extends": base.name,
-           "entries": measured["entries"]}, open(sys.argv[2], "w"), indent=1)
-print(f"{len(measured['entries'])} float8 entries on top of {base.name}")
-PY
+      extend_table small_gemm "$OUT/sg_fp8.json" "$OUT/small_gemm_fp8_table.json" \
+        && export VOX_SMALL_GEMM_TABLE=$OUT/small_gemm_fp8_table.json
       ;;
     tests)
       timeout "$(capped 200)" python3 -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_gpu.py \

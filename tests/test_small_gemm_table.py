@@ -132,3 +132,16 @@ def test_the_float8_gemm_looks_its_shape_up_by_rows_bucket(monkeypatch: pytest.M
     assert fp8_gemm.gemm_config(rows(200, cuda=False), weight) is None
     monkeypatch.setenv(fp8_gemm.ENV, "0")
     assert fp8_gemm.gemm_config(rows(200), weight) is None
+
+
+def test_a_float8_gemm_table_extends_the_packaged_one(tmp_path: Path) -> None:
+    """A sweep's table naming a packaged one as "extends" (benchmark/gpu_env.sh extend_table) is that table with
+    the sweep's entries on top: one replaced, one added."""
+    packaged = fp8_gemm.read_table(small_gemm.table_path("NVIDIA H100 80GB HBM3", fp8_gemm.TABLES_DIR))
+    replaced, added = (64, 3072, 3072), (16, 1024, 2048)
+    config = GemmConfig(16, 64, 256, stages=3)
+    assert replaced in packaged and packaged[replaced] != config and added not in packaged
+    entries = [{"rows": rows, "n": n, "k": k, "config": config.as_list()} for rows, n, k in (replaced, added)]
+    path = tmp_path / "swept.json"
+    path.write_text(json.dumps({"extends": "nvidia-h100-80gb-hbm3.json", "entries": entries}))
+    assert fp8_gemm.read_table(path) == packaged | {replaced: config, added: config}

@@ -30,7 +30,6 @@ of an element, averaging out over K).
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -158,10 +157,14 @@ def gemm_config(xq: Tensor, wq: Tensor) -> GemmConfig | None:
     return _table(xq.device.index or 0).get((small_gemm.rows_bucket(m), n, k))
 
 
+def table_from_json(entries: list[dict]) -> dict[GemmKey, GemmConfig]:
+    """[{"rows", "n", "k", "config": GemmConfig.as_list()}, ...] -> the table."""
+    return {(int(e["rows"]), int(e["n"]), int(e["k"])): GemmConfig.of_list(e["config"]) for e in entries}
+
+
 def read_table(path: Path) -> dict[GemmKey, GemmConfig]:
-    """{"entries": [{"rows", "n", "k", "config": GemmConfig.as_list()}, ...]} -> the table."""
-    return {(int(e["rows"]), int(e["n"]), int(e["k"])): GemmConfig.of_list(e["config"])
-            for e in json.loads(path.read_text())["entries"]}
+    """A table file, over the packaged table it names as "extends", if any (small_gemm.read_layered)."""
+    return small_gemm.read_layered(path, TABLES_DIR, table_from_json)
 
 
 @functools.cache

@@ -120,12 +120,18 @@ def table_from_json(entries: list[dict]) -> dict[Key, BlockConfig]:
             for e in entries}
 
 
-def read_table(path: Path) -> dict[Key, BlockConfig]:
-    """A table file; one with `"extends": "<packaged table>.json"` is that table with its own entries on top
-    (another card of the same architecture, where a few shapes measured otherwise)."""
+def read_layered(path: Path, directory: Path, parse: Callable[[list[dict]], dict]) -> dict:
+    """A table file's entries (`parse`d); one with `"extends": "<packaged table>.json"` is that table of
+    `directory` with its own entries on top (another card of the same architecture, where a few shapes measured
+    otherwise, or a sweep's winners over the packaged table). rt/fp8_gemm's tables are read the same way."""
     data = json.loads(path.read_text())
-    base = read_table(TABLES_DIR / data["extends"]) if "extends" in data else {}
-    return base | table_from_json(data["entries"])
+    base = read_layered(directory / data["extends"], directory, parse) if "extends" in data else {}
+    return base | parse(data["entries"])
+
+
+def read_table(path: Path) -> dict[Key, BlockConfig]:
+    """A table file (`read_layered`)."""
+    return read_layered(path, TABLES_DIR, table_from_json)
 
 
 def table_path(device_name: str, directory: Path = TABLES_DIR) -> Path:
