@@ -130,8 +130,9 @@ class BenchRecorder:
         self.phases = bench_phases(config)
         self.out_dir = Path(config.bench.out_dir) if config.bench.out_dir else None
         self.num_failed = 0
+        recorded = environment() if config.bench.json_path else {}  # subprocesses (git, nvidia-smi) for the JSON only
         self.result: dict[str, Any] = {
-            **environment(), "runtime": config.runtime, "model": config.model.model, "model_name": model_name,
+            **recorded, "runtime": config.runtime, "model": config.model.model, "model_name": model_name,
             "request": {"text": config.bench.text, **config.bench.kwargs}, "seed": config.model.seed,
             "num_requests": config.bench.num_requests, "phase_duration_s": config.bench.duration_s, "phases": []}
         self._write_json()  # an unwritable --bench-json fails before the first phase, not after it
